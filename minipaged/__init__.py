@@ -1,0 +1,23 @@
+"""minipaged: vLLM's PagedAttention from scratch, one lesson per file.
+
+The course map (read the modules in this order; each one's docstring says what comes next):
+
+    usage.py            the four categories of KV cache memory (the paper's Fig. 2)
+    attention.py        dense attention, the oracle everything else is checked against
+    contiguous.py       a contiguous KV cache with Orca-style reservations, and its waste
+    block_allocator.py  physical blocks, a free list and reference counts
+    kv_cache.py         block tables, slot mapping, KVCacheManager (allocate / append / free)
+    cache_ops.py        reshape_and_cache and copy_blocks: writing K/V into the pages
+    paged_attention.py  attention that reads K/V through block tables, equal to dense bit for bit
+
+Symbols used in shape comments everywhere: S sequences, H query heads, Hkv KV heads, D head size,
+NB physical blocks, BS block size, MB max blocks per sequence, T tokens.
+"""
+
+from __future__ import annotations
+
+from minipaged.usage import KVUsage
+
+__version__ = "0.1.0"
+
+__all__ = ["KVUsage", "__version__"]

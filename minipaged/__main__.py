@@ -1,0 +1,7 @@
+"""``python -m minipaged`` is the same as the ``minipaged`` command."""
+
+import sys
+
+from minipaged.cli import main
+
+sys.exit(main())

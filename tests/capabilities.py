@@ -1,0 +1,71 @@
+"""Which optional capabilities this machine has, and what to do when a test needs a missing one.
+
+A capability is something a test may need beyond numpy and rich:
+
+    torch     the torch package imports
+    nvcc      the CUDA compiler is on the PATH (compile-only checks of the .cu sources)
+    cuda-cpu  a C++20 compiler (g++) that builds the CPU emulation harness for the .cu sources
+    gpu       CuPy imports and sees at least one CUDA device
+
+Tests ask for one with ``@pytest.mark.requires("torch")`` or, inside a test body, with
+``require("torch")``. A missing capability normally skips the test. But CI must not quietly skip
+what it can run: the environment variable ``MINIPAGED_REQUIRE`` (comma-separated names, set by
+``.ci/run``) turns the skip of a listed capability into a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+
+import pytest
+
+KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu")
+
+
+@functools.cache
+def have(cap: str) -> bool:
+    """True when this machine has the capability ``cap`` (one of ``KNOWN``)."""
+    if cap not in KNOWN:
+        raise ValueError(f"unknown capability {cap!r}; expected one of {KNOWN}")
+    if cap == "torch":
+        return importlib.util.find_spec("torch") is not None
+    if cap == "nvcc":
+        return shutil.which("nvcc") is not None
+    if cap == "cuda-cpu":
+        return shutil.which(os.environ.get("CXX", "g++")) is not None
+    # gpu
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - any failure to reach a device means "no GPU"
+        return False
+
+
+def required() -> set[str]:
+    """The capabilities that MINIPAGED_REQUIRE says must not be skipped."""
+    names = {c.strip() for c in os.environ.get("MINIPAGED_REQUIRE", "").split(",") if c.strip()}
+    unknown = names - set(KNOWN)
+    if unknown:
+        raise ValueError(f"MINIPAGED_REQUIRE names unknown capabilities {sorted(unknown)}; "
+                         f"expected a comma-separated subset of {KNOWN}")
+    return names
+
+
+def require(cap: str, why: str = "") -> None:
+    """Skip the running test if ``cap`` is missing, or fail it if MINIPAGED_REQUIRE lists ``cap``.
+
+    Call it inside a test when the capability can only be known at run time (for example when a
+    compiler is present but the build fails: pass ``why`` to say so)."""
+    if have(cap) and not why:
+        return
+    reason = f"requires {cap}" + (f": {why}" if why else " (not available on this machine)")
+    if cap in required():
+        pytest.fail(f"{reason}; MINIPAGED_REQUIRE={os.environ['MINIPAGED_REQUIRE']!r} says this "
+                    "capability must be present, so the skip is a failure", pytrace=False)
+    pytest.skip(reason)
