@@ -9,6 +9,7 @@ The course map (read the modules in this order; each one's docstring says what c
     kv_cache.py         block tables, slot mapping, KVCacheManager (allocate / append / free)
     cache_ops.py        reshape_and_cache and copy_blocks: writing K/V into the pages
     paged_attention.py  attention that reads K/V through block tables, equal to dense bit for bit
+    model/              a tiny trained torch model generating through the paged cache (LLM)
 
 Symbols used in shape comments everywhere: S sequences, H query heads, Hkv KV heads, D head size,
 NB physical blocks, BS block size, MB max blocks per sequence, T tokens.
@@ -16,8 +17,18 @@ NB physical blocks, BS block size, MB max blocks per sequence, T tokens.
 
 from __future__ import annotations
 
+from minipaged.attention import dense_attention
+from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
+from minipaged.buddy import BuddyAllocator
+from minipaged.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from minipaged.contiguous import ContiguousKVCache
+from minipaged.kv_cache import KVCacheManager
+from minipaged.paged_attention import paged_attention, paged_prefill_attention
 from minipaged.usage import KVUsage
 
 __version__ = "0.1.0"
 
-__all__ = ["KVUsage", "__version__"]
+__all__ = ["BlockAllocator", "KVCacheManager", "OutOfBlocksError", "copy_blocks",
+           "reshape_and_cache", "swap_blocks", "BuddyAllocator", "ContiguousKVCache", "KVUsage",
+           "dense_attention",
+           "paged_attention", "paged_prefill_attention", "__version__"]

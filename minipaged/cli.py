@@ -15,7 +15,15 @@ from collections.abc import Sequence
 
 # Order here is the order in ``minipaged --help``: roughly the order of the course.
 COMMAND_MODULES = (
+    "minipaged.demo",
+    "minipaged.sim.memory",
+    "minipaged.sim.commands",
+    "minipaged.factcheck",
     "minipaged.bench",
+    "minipaged.model.cli",
+    "minipaged.grader",
+    "minipaged.quiz",
+    "minipaged.present",
 )
 
 DESCRIPTION = """\

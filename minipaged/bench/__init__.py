@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 BENCH_MODULES: tuple[str, ...] = (
+    "minipaged.bench.generate",
 )
 
 

@@ -1,0 +1,46 @@
+"""SPOILER: reference solution of exercise 02 (contiguous reservation waste).
+
+Try the exercise first: exercises/02_contiguous_waste.py, graded by `minipaged check 2`.
+"""
+
+from __future__ import annotations
+
+EXERCISE = "02_contiguous_waste"
+
+
+def reservation_size(policy: str, final_len: int, max_seq_len: int) -> int:
+    if final_len < 1:
+        raise ValueError(f"final_len={final_len} must be >= 1")
+    if final_len > max_seq_len:
+        raise ValueError(f"final_len={final_len} exceeds max_seq_len={max_seq_len}")
+    if policy == "max":
+        return max_seq_len
+    if policy == "pow2":
+        return min(1 << (final_len - 1).bit_length(), max_seq_len)
+    if policy == "oracle":
+        return final_len
+    raise ValueError(f"policy={policy!r} is unknown; expected 'max', 'pow2' or 'oracle'")
+
+
+def _check_lens(current_len: int, final_len: int) -> None:
+    if not 1 <= current_len <= final_len:
+        raise ValueError(f"need 1 <= current_len <= final_len, got current_len={current_len}, "
+                         f"final_len={final_len}")
+
+
+def contiguous_breakdown(policy: str, current_len: int, final_len: int,
+                         max_seq_len: int) -> dict[str, int]:
+    _check_lens(current_len, final_len)
+    size = reservation_size(policy, final_len, max_seq_len)
+    return {"token": current_len, "reserved": final_len - current_len,
+            "internal_fragmentation": size - final_len}
+
+
+def paged_breakdown(current_len: int, final_len: int, block_size: int) -> dict[str, int]:
+    _check_lens(current_len, final_len)
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be >= 1")
+    allocated = -(-current_len // block_size) * block_size
+    useful = min(allocated, final_len)
+    return {"token": current_len, "reserved": useful - current_len,
+            "internal_fragmentation": allocated - useful}

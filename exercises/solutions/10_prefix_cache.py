@@ -1,0 +1,124 @@
+"""SPOILER: reference solution of exercise 10.
+
+Try the exercise first: exercises/10_prefix_cache.py, graded by `minipaged check 10`.
+
+Exercise 10: prefix caching with chained block hashes and an LRU free queue (vLLM v1).
+
+Lesson: lessons/05_*.py (prefix caching).  Check: minipaged check 10
+
+Many requests start with the same tokens (a system prompt, a few-shot header). vLLM v1 keeps
+the K/V of full blocks after a request ends and reuses them:
+- each FULL block gets a hash chained from its parent's: h_i = hash_block(h_{i-1}, tokens_i)
+  (h_{-1} = NO_PARENT), so equal hashes mean equal whole prefixes, not just equal blocks;
+- a table maps hash -> physical block; a new request reuses the longest chain of its leading
+  full blocks found there, checking the stored token ids too (hashes can collide);
+- at least the last prompt token is always recomputed (the model needs its logits), so only
+  blocks lying entirely within the first len(token_ids) - 1 tokens may be hits;
+- a freed block keeps its hash and K/V and joins the END of the free queue (least recently
+  used first); it is evicted (hash dropped) only when allocate takes it from the HEAD as a
+  fresh block. A hit on a block in the free queue removes it from the queue (O(1)).
+
+Rules for allocate(token_ids), exactly (the grader replays them):
+1. hits: for i = 0, 1, ... while block i is full and (i + 1) * BS <= len - 1: look its hash up;
+   stop at the first miss or token mismatch.
+2. fresh = ceil(len / BS) - len(hits). If fresh > free blocks not among the hits: raise
+   RuntimeError and change nothing.
+3. take the hits (ref_count += 1; out of the free queue if there), then take each fresh block
+   from the head of the free queue (evicting its old hash if it had one), ref_count = 1.
+4. register every fresh FULL block: hash -> block, unless that hash is already in the table.
+5. return (block_table, number of cached tokens = len(hits) * BS).
+free(block_table): for each block in REVERSED order, ref_count -= 1; at 0 it joins the end of
+the queue (a sequence's tail is evicted before its head, which others are likelier to share).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+EXERCISE = "10_prefix_cache"
+NO_PARENT = -1
+
+
+def hash_block(parent_hash: int, tokens) -> int:
+    """Given: the hash of one full block, chained to its parent's hash."""
+    return hash((parent_hash, tuple(tokens)))
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """Hashes of the FULL blocks of token_ids, chained (a partial last block gets none).
+
+    """
+    hashes, parent = [], NO_PARENT
+    for i in range(len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixCache:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        # Given: the state.
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.block_hash: dict[int, int] = {}             # cached block -> its hash
+        self.block_tokens: dict[int, tuple[int, ...]] = {}  # cached block -> its token ids
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self, token_ids: list[int]) -> tuple[list[int], int]:
+        """Blocks for a prompt, reusing cached full blocks; returns (block_table, cached).
+
+        Follow rules 1-5 in the module docstring.
+        """
+        bs, n = self.block_size, len(token_ids)
+        if n < 1:
+            raise ValueError("token_ids must hold at least one token")
+        hashes = block_hashes(token_ids, bs)
+        hits: list[int] = []
+        for i, h in enumerate(hashes):
+            if (i + 1) * bs > n - 1:
+                break
+            b = self.hash_to_block.get(h)
+            if b is None or self.block_tokens[b] != tuple(token_ids[i * bs:(i + 1) * bs]):
+                break
+            hits.append(b)
+        fresh = -(-n // bs) - len(hits)
+        usable = len(self.free_queue) - sum(1 for b in hits if self.ref_counts[b] == 0)
+        if fresh > usable:
+            raise RuntimeError(f"out of blocks: needed {fresh}, {usable} free")
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                self.free_queue.pop(b)
+            self.ref_counts[b] += 1
+        table = list(hits)
+        for i in range(len(hits), len(hits) + fresh):
+            b, _ = self.free_queue.popitem(last=False)
+            old = self.block_hash.pop(b, None)
+            if old is not None:                  # evict: the old contents are overwritten
+                del self.hash_to_block[old]
+                del self.block_tokens[b]
+            self.ref_counts[b] = 1
+            table.append(b)
+            if i < len(hashes) and hashes[i] not in self.hash_to_block:
+                self.hash_to_block[hashes[i]] = b
+                self.block_hash[b] = hashes[i]
+                self.block_tokens[b] = tuple(token_ids[i * bs:(i + 1) * bs])
+        return table, len(hits) * bs
+
+    def free(self, block_table: list[int]) -> None:
+        """Release a finished request's blocks (reversed order; cached blocks keep their hash).
+
+        Errors: ValueError if a block's count is already 0.
+        """
+        for b in block_table:
+            if self.ref_counts[b] == 0:
+                raise ValueError(f"block {b} is already free")
+        for b in reversed(block_table):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_queue[b] = None

@@ -1,0 +1,207 @@
+# %% [markdown]
+# # Lesson 02: the contiguous KV cache and its waste
+#
+# Lesson 01 showed why decoding keeps every token's K and V. The obvious way to keep them is one
+# dense [T, Hkv, D] array per request, so that attention reads it directly. Before vLLM, serving
+# systems did exactly that: when a request is admitted it gets ONE contiguous region of KV slots,
+# sized by a policy, because nobody knows yet how long its answer will be. The vLLM paper
+# (section 3, Fig. 2) measured where the memory of such systems goes, for three policies of its
+# Orca baselines (section 6.1):
+#
+# | policy   | reserves for a request that will end with F tokens |
+# |----------|----------------------------------------------------|
+# | `max`    | max_seq_len slots, whatever F is                   |
+# | `pow2`   | the next power of two >= F (at most max_seq_len)   |
+# | `oracle` | exactly F (needs to know the future)               |
+#
+# Every slot is then in one category (`minipaged/usage.py`): **token** (K/V of a token that
+# exists), **reserved** (kept for a token the request will still produce), **internal
+# fragmentation** (reserved but never to be used: the request ends first), **external
+# fragmentation** (free, but in holes too small for the region the next request needs), and
+# **free**. Regions are placed by a buddy allocator, as the paper's baselines assume.
+#
+# Code: `minipaged/buddy.py`, `minipaged/contiguous.py`. Next: lesson 03 (paging).
+
+# %%
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from minipaged import ContiguousKVCache
+from minipaged.contiguous import OutOfMemoryError
+from minipaged.usage import CATEGORIES, KVUsage
+
+console = Console()
+GLYPH = {"token": "#", "reserved": "+", "internal_fragmentation": "-",
+         "external_fragmentation": "x", "free": "."}
+console.print("legend: " + "   ".join(f"{g} {c}" for c, g in GLYPH.items()), markup=False)
+
+
+def arena_picture(cache: ContiguousKVCache, need: int) -> str:
+    """One character per slot (small arenas only: this loops over slots, the cache never does)."""
+    row = ["?"] * cache.num_slots
+    for s in cache.seq_ids:
+        r = cache.reservation(s)
+        for i in range(r.held):
+            cat = ("token" if i < r.num_tokens else "reserved" if i < r.final_len
+                   else "internal_fragmentation")
+            row[r.offset + i] = GLYPH[cat]
+    big_enough = 1 << (need - 1).bit_length()  # a region of `need` slots is cut from such a block
+    for off, n in cache.allocator.free_blocks():
+        g = GLYPH["free" if n >= big_enough else "external_fragmentation"]
+        row[off:off + n] = [g] * n
+    return "".join(row)
+
+
+# %% [markdown]
+# ## One small arena, slot by slot
+# 64 slots, max_seq_len 16. Seven requests arrive with final lengths 5, 9, 3, 12, 7, 10 and 6;
+# each one that fits gets a region and writes its prompt. Then request 1 finishes, and a new
+# request with final length 14 asks for room. The arena, one character per slot, per policy:
+
+# %%
+REQUESTS = [(0, 3, 5), (1, 4, 9), (2, 2, 3), (3, 6, 12), (4, 2, 7), (5, 5, 10), (6, 1, 6)]
+HKV, D = 1, 2  # (seq_id, prompt_len, final_len) above; tiny K/V: [T, Hkv=1, D=2]
+for policy in ("max", "pow2", "oracle"):
+    cache = ContiguousKVCache(64, HKV, D, policy=policy, max_seq_len=16)
+    for sid, n, final in REQUESTS:
+        if cache.can_reserve(n, final):
+            cache.reserve(sid, n, final)
+            k = np.full((n, HKV, D), sid, np.float32)  # [T, Hkv, D]
+            cache.write(sid, k, -k)
+    admitted = cache.seq_ids
+    cache.release(1)
+    need = cache.reservation_size(14)
+    console.print(f"[bold]{policy:>6}[/bold]  |{arena_picture(cache, need)}|", highlight=False)
+    try:
+        cache.reserve(7, 2, 14)
+        verdict = f"fits at offset {cache.reservation(7).offset}"
+    except OutOfMemoryError as e:  # its message names both numbers; shortened here
+        verdict = (f"[red]is refused[/red]: {e.num_free} slots free, largest region "
+                   f"{e.largest_free}")
+    console.print(f"        admitted {admitted}; the new request (needs {need}) {verdict}")
+
+# %% [markdown]
+# `max` admits only four requests and loses most of each region to internal fragmentation.
+# `oracle` wastes nothing inside its regions and admits six, yet it refuses the new request
+# with 27 slots free: they lie in holes (x) smaller than the 16-slot buddy block a 14-slot
+# region must be cut from. That is external fragmentation. `pow2` sits between the two.
+#
+# ## A small seeded workload, measured over time
+# 200 requests, all waiting at the start (a static workload), final lengths shaped like the
+# paper's ShareGPT requests scaled down eight times: max_seq_len 256 instead of 2048, mean
+# prompt about 20 and mean output about 42 tokens (ShareGPT: 161 and 338), and an arena of
+# 2048 slots, room for 8 maximum-length requests (the paper's OPT-13B on an A100-40GB has
+# 15.7K slots, room for 7.7). Each step admits waiting requests first-come-first-served while
+# the head of the queue fits, then every running request writes one token's K/V; finished
+# requests release their region. We average the categories over the steps where a request
+# was waiting, i.e. while the cache was the bottleneck, with external fragmentation measured
+# against the region the head of the queue needs.
+
+# %%
+rng = np.random.default_rng(2023)
+MAX_LEN, NUM_SLOTS, N = 256, 2048, 200
+prompts = np.clip(rng.lognormal(np.log(14), 0.8, N).astype(int), 1, 64)
+outputs = np.clip(rng.lognormal(np.log(28), 0.9, N).astype(int), 1, None)
+finals = np.minimum(prompts + outputs, MAX_LEN)
+prompts = np.minimum(prompts, finals)
+console.print(f"workload: mean prompt {prompts.mean():.1f}, mean final length {finals.mean():.1f},"
+              f" longest {finals.max()}, {N} requests")
+
+
+def kv_for(sid: int, start: int, stop: int) -> np.ndarray:
+    """Deterministic K for (request, positions): exact in float32, so reads can be checked."""
+    pos = np.arange(start, stop, dtype=np.float32)[:, None, None]
+    return np.broadcast_to(sid * 1024 + pos, (stop - start, HKV, D)).copy()  # [T, Hkv, D]
+
+
+def run(policy: str, exact_fit: bool = True) -> tuple[dict[str, float], int, float]:
+    cache = ContiguousKVCache(NUM_SLOTS, HKV, D, policy=policy, max_seq_len=MAX_LEN,
+                              exact_fit=exact_fit)
+    waiting, running = list(range(N)), []
+    total: KVUsage | None = None
+    split = {"internal_policy": 0, "internal_rounding": 0}
+    steps = batch = 0
+    while waiting or running:
+        while waiting and cache.can_reserve(int(prompts[waiting[0]]), int(finals[waiting[0]])):
+            sid = waiting.pop(0)
+            cache.reserve(sid, int(prompts[sid]), int(finals[sid]))
+            k = kv_for(sid, 0, int(prompts[sid]))
+            cache.write(sid, k, -k)
+            running.append(sid)
+        if waiting:  # under load: sample the cache now
+            need = cache.reservation_size(int(finals[waiting[0]]))
+            u = cache.usage(need)
+            total = u if total is None else total + u
+            b = cache.breakdown(need)
+            split = {key: split[key] + b[key] for key in split}
+            batch += len(running)
+        steps += 1
+        for sid in list(running):
+            n = cache.seq_len(sid)
+            if n == finals[sid]:
+                k, v = cache.kv(sid)  # attention would read exactly this: check it
+                assert np.array_equal(k, kv_for(sid, 0, n)) and np.array_equal(v, -k)
+                cache.release(sid)
+                running.remove(sid)
+            else:
+                k = kv_for(sid, n, n + 1)
+                cache.write(sid, k, -k)
+    assert cache.num_free == NUM_SLOTS  # everything released: the buddies merged back
+    fr = total.fractions()
+    fr["rounding"] = split["internal_rounding"] / total.total
+    n_sampled = total.total // NUM_SLOTS
+    return fr, steps, batch / n_sampled
+
+
+# Fig. 2 of the vLLM paper, read off the figure (shared/reference/vllm-facts.md): token /
+# reserved / internal / "external fragmentation & others", in percent.
+PAPER = {"max": (20.4, 13.3, 57.3, 8.9), "pow2": (26.8, 17.9, 13.6, 41.6),
+         "oracle": (38.2, 25.2, 0.0, 36.6)}
+results = {p: run(p) for p in ("max", "pow2", "oracle")}
+results["oracle+round"] = run("oracle", exact_fit=False)
+
+table = Table(title="Where the KV slots go while requests wait (% of the arena; paper in brackets)",
+              title_justify="left")
+for col in ("policy", "token", "reserved", "internal frag.", "external frag.", "free", "steps",
+            "avg batch"):
+    table.add_column(col, justify="left" if col == "policy" else "right")
+for name, (fr, steps, batch) in results.items():
+    paper = PAPER.get(name)
+    cells = [fr[c] * 100 for c in CATEGORIES]
+    shown = [f"{v:.1f}" + (f" [{paper[i]:.1f}]" if paper and i < 4 else "")
+             for i, v in enumerate(cells)]
+    table.add_row(name, *shown, str(steps), f"{batch:.1f}")
+console.print(table)
+console.print("oracle+round: oracle with the buddy allocator's power-of-two rounding kept; "
+              f"{results['oracle+round'][0]['rounding'] * 100:.1f}% of the arena is rounding "
+              "slack (counted as internal fragmentation)")
+
+for name, (fr, _, _) in results.items():
+    bar = "".join(GLYPH[c] * round(fr[c] * 60) for c in CATEGORIES)
+    console.print(f"{name:>12} |{bar:<60}|", highlight=False)
+console.print(f"{'paper vLLM':>12} |{GLYPH['token'] * round(0.963 * 60):<60}| 96.3% tokens",
+              highlight=False)
+
+# %% [markdown]
+# ## Reading the numbers
+# The ordering is the paper's: `max` holds the fewest tokens and wastes most of its memory
+# inside its own regions; `pow2` cuts that internal fragmentation by more than half; `oracle`
+# holds the most tokens and wastes nothing inside its regions, but leaves the largest share in
+# holes between them. Fewer wasted slots means more requests in the batch ("avg batch") and fewer
+# steps for the same work. The row "oracle+round" keeps the buddy allocator's power-of-two
+# rounding for `oracle`: its regions are then pow2's blocks, so it behaves exactly like `pow2`
+# (the rounding slack is counted as internal fragmentation, and printed apart). The paper's
+# Oracle has no internal fragmentation and holds more tokens than Pow2, which rounded regions
+# cannot do; so `contiguous.py` gives each buddy block's unused tail back by default
+# (`exact_fit=True`).
+#
+# Why these figures are not the paper's: this is a small static workload (every request waiting
+# at step 0, in an 8x smaller cache, synthetic lengths, one token per step, no clock), while the
+# paper measured OPT-13B serving ShareGPT requests that arrive over time on a real GPU, and its
+# last bar lumps external fragmentation together with "others". The shares move with the length
+# distribution and the arena size; only the ordering and the rough sizes should carry over. The
+# simulator (`minipaged simulate --policy orca-max`, lesson 06) measures them in the paper's
+# setting. Lesson 03 removes the need for contiguity altogether: paging.

@@ -1,0 +1,342 @@
+"""Build the .cu kernels with g++ against cuda_emu.h, cache the library, load it with ctypes.
+
+What it teaches: that a CUDA kernel is just C++ with a particular execution model. The same
+text that NVRTC compiles for the GPU (minipaged/cuda/cupy_runner.py) is compiled here by an
+ordinary C++20 compiler; cuda_emu.h supplies threadIdx, __syncthreads(), shuffles, __half and a
+launcher that runs every CUDA thread as a fiber. Read cuda_emu.h for the model and its limits.
+
+The library is built once per source text: its file name is the SHA-256 of the sources, the
+generated wrapper, the compiler's version and the flags, under a per-user cache directory
+(``$MINIPAGED_CACHE_DIR``, else ``$XDG_CACHE_HOME/minipaged``, else ``~/.cache/minipaged``).
+Editing a kernel changes the hash, so a stale build is never loaded. Builds are written to a
+temporary name and renamed into place, so concurrent test processes cannot load half a file.
+
+Build variants (``load(...)`` arguments):
+    sanitize=True   AddressSanitizer + UndefinedBehaviorSanitizer (-O1 -g). Needs the ASan
+                    runtime loaded first in the process: run Python under
+                    ``LD_PRELOAD=$(g++ -print-file-name=libasan.so)`` (see sanitize_env()).
+    plant_oob=True  compile a deliberate out-of-bounds read into paged_attention (the sanitizer
+                    test's proof that the sanitizer is really watching).
+    ucontext=True   use the portable ucontext fiber switch instead of the x86-64 one.
+Read next: launch.py (the Python launchers that call into this library).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CUDA_DIR = Path(__file__).resolve().parent
+SOURCES = ("cuda_emu.h", "common.cuh", "paged_attention.cu", "cache_kernels.cu",
+           "broken_kernels.cu")
+
+# The instantiations: every (dtype, head size, block size) a launcher can call. Adding one here
+# adds it to the CPU library, to the NVRTC name list and to the nvcc -ptx check alike.
+DTYPES = {"float32": "float", "float16": "__half"}
+HEAD_SIZES = (64, 128)
+BLOCK_SIZES = (8, 16, 32)
+NUM_THREADS = 128
+PARTITION_SIZE = 512
+CACHE_THREADS = 256
+
+
+def kernel_names(instantiations: tuple[Instantiation, ...] | None = None) -> list[str]:
+    """C++ names of every __global__ instantiation: NVRTC's name expressions (cupy_runner.py)
+    and what the nvcc -ptx check instantiates."""
+    names = []
+    for dtype, d, bs in instantiations or ALL_INSTANTIATIONS:
+        t = DTYPES[dtype]
+        for p in (0, PARTITION_SIZE):
+            names.append(f"mp::paged_attention_kernel<{t}, {d}, {bs}, {NUM_THREADS}, {p}>")
+    for dtype in DTYPES:
+        t = DTYPES[dtype]
+        for d in HEAD_SIZES:
+            names.append(f"mp::paged_attention_v2_reduce_kernel<{t}, {d}, {NUM_THREADS}, "
+                         f"{PARTITION_SIZE}>")
+        names.append(f"mp::reshape_and_cache_kernel<{t}>")
+        names.append(f"mp::copy_blocks_kernel<{t}>")
+    return names
+
+
+def nvcc_source() -> str:
+    """One CUDA file that instantiates every kernel (taking a kernel's address instantiates it),
+    for ``nvcc -ptx -I minipaged/cuda``."""
+    lines = ['#include "paged_attention.cu"', '#include "cache_kernels.cu"',
+             "void* mp_every_kernel[] = {"]
+    lines += [f"    (void*)&{name}," for name in kernel_names()]
+    return "\n".join(lines + ["};", ""])
+
+
+class CompilerNotFoundError(RuntimeError):
+    """No C++20 compiler: the CPU harness cannot be built (set CXX to one)."""
+
+
+class BuildError(RuntimeError):
+    """The compiler rejected the sources; the message holds its diagnostics."""
+
+
+def cache_dir() -> Path:
+    """The per-user directory where built libraries are kept."""
+    if os.environ.get("MINIPAGED_CACHE_DIR"):
+        base = Path(os.environ["MINIPAGED_CACHE_DIR"])
+    elif os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]) / "minipaged"
+    else:
+        base = Path.home() / ".cache" / "minipaged"
+    return base / "cuda-cpu"
+
+
+@functools.cache
+def compiler() -> tuple[str, str]:
+    """(path, version line) of a C++ compiler that accepts -std=c++20, or raise."""
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "clang++", "c++"]
+    tried = []
+    for name in candidates:
+        path = shutil.which(name)
+        if path is None:
+            tried.append(f"{name} (not on PATH)")
+            continue
+        probe = subprocess.run([path, "-std=c++20", "-x", "c++", "-fsyntax-only", "-"],
+                               input="#include <version>\nint main() { return 0; }\n",
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            tried.append(f"{path} (rejects -std=c++20)")
+            continue
+        version = subprocess.run([path, "--version"], capture_output=True, text=True)
+        return path, version.stdout.splitlines()[0] if version.stdout else name
+    raise CompilerNotFoundError(
+        "the CPU CUDA harness needs a C++20 compiler (g++ >= 10 or clang++ >= 10); tried "
+        + ", ".join(tried) + ". Install one or set CXX to its path.")
+
+
+def have_compiler() -> bool:
+    try:
+        compiler()
+    except CompilerNotFoundError:
+        return False
+    return True
+
+
+def symbol(kind: str, dtype: str, head_size: int = 0, block_size: int = 0) -> str:
+    """The exported C name of one instantiation, e.g. mp_paged_attention_float16_d128_bs16."""
+    if kind == "paged_attention":
+        return f"mp_paged_attention_{dtype}_d{head_size}_bs{block_size}"
+    return f"mp_{kind}_{dtype}"
+
+
+Instantiation = tuple[str, int, int]  # (dtype, head size, block size)
+ALL_INSTANTIATIONS: tuple[Instantiation, ...] = tuple(
+    (dt, d, bs) for dt in DTYPES for d in HEAD_SIZES for bs in BLOCK_SIZES)
+
+
+def _common_entry_points() -> list[str]:
+    out = [
+        'extern "C" const char* mp_last_error() { return emu::error_message(); }',
+        'extern "C" int mp_fast_switch() { return EMU_FAST_SWITCH; }',
+        'extern "C" void mp_trace_start(long long capacity) {',
+        "  emu::rt().trace.clear(); emu::rt().trace_capacity = (size_t)capacity; }",
+        'extern "C" long long mp_trace_count() { return (long long)emu::rt().trace.size(); }',
+        'extern "C" void mp_trace_get(long long i, int* ints, long long* value, const char** what)'
+        " {",
+        "  const emu::TraceEvent& e = emu::rt().trace[(size_t)i];",
+        "  ints[0] = e.block_x; ints[1] = e.block_y; ints[2] = e.block_z; ints[3] = e.thread;",
+        "  ints[4] = e.line; *value = e.value; *what = e.what; }",
+        'extern "C" void mp_float_to_half(const float* in, unsigned short* out, long long n) {',
+        "  for (long long i = 0; i < n; i++) out[i] = __float2half(in[i]).__x; }",
+        'extern "C" void mp_half_to_float(const unsigned short* in, float* out, long long n) {',
+        "  for (long long i = 0; i < n; i++) out[i] = __half2float(__half{in[i]}); }",
+        'extern "C" int mp_broken(int which, int threads, float* out) {',
+        "  return emu::launch(dim3(2), dim3(threads), 0, [&] { mp::broken_kernel(which, out); });",
+        "}",
+    ]
+    for dtype, ctype in DTYPES.items():
+        out += [
+            f'extern "C" int {symbol("reshape_and_cache", dtype)}(const void* key,'
+            " const void* value,",
+            "    void* key_cache, void* value_cache, const long long* slots, int num_tokens,",
+            "    int num_kv_heads, int head_size, int block_size, int threads) {",
+            f"  using T = {ctype};",
+            "  return emu::launch(dim3(num_tokens), dim3(threads), 0, [&] {",
+            "    mp::reshape_and_cache_kernel<T>((const T*)key, (const T*)value, (T*)key_cache,",
+            "        (T*)value_cache, slots, num_kv_heads, head_size, block_size); });",
+            "}",
+            f'extern "C" int {symbol("copy_blocks", dtype)}(void* key_cache, void* value_cache,',
+            "    const long long* mapping, int num_pairs, int block_numel, int threads) {",
+            f"  using T = {ctype};",
+            "  return emu::launch(dim3(num_pairs), dim3(threads), 0, [&] {",
+            "    mp::copy_blocks_kernel<T>((T*)key_cache, (T*)value_cache, mapping, block_numel);"
+            " });",
+            "}",
+        ]
+    return out
+
+
+def _attention_entry_point(dtype: str, d: int, bs: int) -> list[str]:
+    p, nt, ctype = PARTITION_SIZE, NUM_THREADS, DTYPES[dtype]
+    return [
+        f'extern "C" int {symbol("paged_attention", dtype, d, bs)}(',
+        "    int version, void* out, float* exp_sums, float* max_logits, float* tmp_out,",
+        "    const void* q, const void* k, const void* v, const int* block_tables,",
+        "    const int* seq_lens, int num_seqs, int num_heads, int num_kv_heads,",
+        "    int max_blocks, int max_partitions, long long smem, long long reduce_smem,"
+        " float scale) {",
+        f"  using T = {ctype};",
+        "  T* o = (T*)out; const T* qq = (const T*)q;",
+        "  const T* kk = (const T*)k; const T* vv = (const T*)v;",
+        "  if (version == 1)",
+        f"    return emu::launch(dim3(num_heads, num_seqs, 1), dim3({nt}), smem, [&] {{",
+        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, 0>(o, exp_sums, max_logits,"
+        " tmp_out,",
+        "          qq, kk, vv, block_tables, seq_lens, num_kv_heads, max_blocks,"
+        " max_partitions, scale); });",
+        "  int rc = emu::launch(dim3(num_heads, num_seqs, max_partitions),"
+        f" dim3({nt}), smem, [&] {{",
+        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, {p}>(o, exp_sums, max_logits,"
+        " tmp_out,",
+        "          qq, kk, vv, block_tables, seq_lens, num_kv_heads, max_blocks,"
+        " max_partitions, scale); });",
+        "  if (rc) return rc;",
+        f"  return emu::launch(dim3(num_heads, num_seqs, 1), dim3({nt}), reduce_smem, [&] {{",
+        f"      mp::paged_attention_v2_reduce_kernel<T, {d}, {nt}, {p}>(o, exp_sums, max_logits,",
+        "          tmp_out, seq_lens, max_partitions); });",
+        "}",
+    ]
+
+
+def wrapper_sources(instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS,
+                    parts: int = 1) -> list[str]:
+    """C++ translation units that include the kernels and export one C function per
+    instantiation (split into `parts` files that compile in parallel). Only the first defines
+    the context-switch routine and the common entry points."""
+    parts = max(1, min(parts, len(instantiations) or 1))
+    units = []
+    for i in range(parts):
+        out = ["// generated by minipaged/cuda/cpu_build.py: C entry points for ctypes"]
+        if i > 0:
+            out.append("#define EMU_NO_SWITCH_DEFINITION  // defined once, in part 0")
+        out += ['#include "paged_attention.cu"', '#include "cache_kernels.cu"']
+        if i == 0:
+            out.append('#include "broken_kernels.cu"')
+        if i == 0:
+            out += _common_entry_points()
+        for dtype, d, bs in instantiations[i::parts]:
+            out += _attention_entry_point(dtype, d, bs)
+        text = "\n".join(out) + "\n"
+        units.append(text.replace('extern "C"',
+                                  'extern "C" __attribute__((visibility("default")))'))
+    return units
+
+
+def _flags(sanitize: bool, plant_oob: bool, ucontext: bool) -> list[str]:
+    flags = ["-std=c++20", "-shared", "-fPIC", "-fno-exceptions", "-ffp-contract=off",
+             "-fvisibility=hidden", "-w"]
+    # -fvisibility=hidden: only the extern "C" entry points (marked default) are exported
+    if sanitize:
+        flags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer"]
+    else:
+        flags += ["-O2"]
+    if plant_oob:
+        flags.append("-DMINIPAGED_PLANT_OOB")
+    if ucontext:
+        flags.append("-DEMU_FORCE_UCONTEXT")
+    return flags
+
+
+def library_path(*, sanitize: bool = False, plant_oob: bool = False, ucontext: bool = False,
+                 instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> Path:
+    """Build (if not cached) and return the path of the shared library for this variant."""
+    cxx, version = compiler()
+    flags = _flags(sanitize, plant_oob, ucontext)
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode() + b"\0" + (CUDA_DIR / name).read_bytes() + b"\0")
+    parts = max(1, min(4, os.cpu_count() or 1))
+    units = wrapper_sources(instantiations, parts=parts)
+    for text in units:
+        h.update(text.encode() + b"\0")
+    h.update(version.encode() + b"\0" + " ".join(flags).encode())
+    target = cache_dir() / f"mp_kernels_{h.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objs, procs = [], []
+        for i, text in enumerate(units):  # compile the parts in parallel, then link
+            src, obj = Path(tmp) / f"part{i}.cpp", Path(tmp) / f"part{i}.o"
+            src.write_text(text)
+            cmd = [cxx, *flags, "-c", "-I", str(CUDA_DIR), str(src), "-o", str(obj)]
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True)))
+            objs.append(str(obj))
+        for cmd, proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise BuildError(f"building the CPU harness failed ({' '.join(cmd)}):\n"
+                                 + err[-4000:])
+        tmp_lib = Path(tmp) / target.name
+        cmd = [cxx, *flags, *objs, "-o", str(tmp_lib)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"linking the CPU harness failed ({' '.join(cmd)}):\n"
+                             + proc.stderr[-4000:])
+        os.replace(tmp_lib, target)  # atomic: another process sees the old state or the new
+    return target
+
+
+_VP, _I, _LL, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
+
+
+@functools.cache
+def load(*, sanitize: bool = False, plant_oob: bool = False, ucontext: bool = False,
+         instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> ctypes.CDLL:
+    """The loaded library (built on first use), with argument types declared."""
+    lib = ctypes.CDLL(str(library_path(sanitize=sanitize, plant_oob=plant_oob,
+                                       ucontext=ucontext, instantiations=instantiations)))
+    lib.mp_last_error.restype = ctypes.c_char_p
+    lib.mp_trace_start.argtypes = [_LL]
+    lib.mp_trace_count.restype = _LL
+    lib.mp_trace_get.argtypes = [_LL, ctypes.POINTER(_I), ctypes.POINTER(_LL),
+                                 ctypes.POINTER(ctypes.c_char_p)]
+    lib.mp_float_to_half.argtypes = [_VP, _VP, _LL]
+    lib.mp_half_to_float.argtypes = [_VP, _VP, _LL]
+    lib.mp_broken.argtypes = [_I, _I, _VP]
+    for dtype, d, bs in instantiations:
+        fn = getattr(lib, symbol("paged_attention", dtype, d, bs))
+        fn.argtypes = [_I, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP,
+                       _I, _I, _I, _I, _I, _LL, _LL, _F]
+    for dtype in DTYPES:
+        getattr(lib, symbol("reshape_and_cache", dtype)).argtypes = [
+            _VP, _VP, _VP, _VP, _VP, _I, _I, _I, _I, _I]
+        getattr(lib, symbol("copy_blocks", dtype)).argtypes = [_VP, _VP, _VP, _I, _I, _I]
+    return lib
+
+
+class KernelError(RuntimeError):
+    """The emulation caught a bug in a kernel (deadlock, divergent shuffle, early exit)."""
+
+
+def check(lib: ctypes.CDLL, rc: int) -> None:
+    """Turn a launch's return code into an exception carrying the harness's diagnosis."""
+    if rc != 0:
+        raise KernelError(lib.mp_last_error().decode())
+
+
+def sanitize_env() -> dict[str, str]:
+    """Environment for a Python process that loads the sanitizer build: the ASan runtime must be
+    the first library in the process, so it is preloaded; leak checking is off (the Python
+    interpreter itself never frees some objects)."""
+    cxx, _ = compiler()
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True,
+                             text=True).stdout.strip()
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = libasan
+    env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1"
+    env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    return env

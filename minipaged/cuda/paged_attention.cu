@@ -1,0 +1,245 @@
+// paged_attention.cu: decode attention that reads K and V through block tables, on a GPU.
+//
+// Where this sits: the last stage of the course (contiguous cache -> block table -> sharing ->
+// scheduling -> GPU kernel). minipaged/paged_attention.py computes the same thing in NumPy with
+// method="online"; this file is that walk over the block table, written for 128 CUDA threads.
+// Paper: vLLM (Kwon et al., SOSP 2023) section 4.1 "PagedAttention" and Fig. 18a (kernel cost).
+// Read next: cache_kernels.cu (how K/V get into the blocks), then minipaged/cuda/launch.py.
+//
+// How it is run (the same text, three compilers, see common.cuh):
+//   GPU:  python -c "from minipaged.cuda import paged_attention"   (backend="cupy", NVRTC)
+//   CPU:  backend="cpu" builds this file with g++ against cuda_emu.h (what CI runs)
+//   PTX:  nvcc -ptx -arch=sm_90 -I minipaged/cuda instantiations.cu  (tests/test_cuda_nvcc.py)
+//
+// Two versions, in the tradition of llm.c's dev/cuda files:
+//   version 1 (PARTITION_SIZE == 0): one thread block per (head, sequence) walks the whole
+//     context. Simple; but with few sequences the GPU has few blocks to run (S*H of them) and
+//     the logits of a 16K context need 64 KiB of shared memory.
+//   version 2 (PARTITION_SIZE == 512): the context is cut into partitions of 512 tokens, one
+//     thread block per (head, sequence, partition), each writing its max, its sum of exponentials
+//     and its normalised partial output; a reduce kernel rescales and combines them (the online
+//     softmax of paged_attention.py's method="online", at partition granularity). More blocks in
+//     flight for long contexts, fixed shared memory, one extra small kernel.
+// vLLM picks v1 when the context is short or the batch already fills the GPU, v2 otherwise.
+//
+// Napkin math (decode, S=64, H=32, Hkv=8, D=128, fp16, context 4096):
+//   K and V read once per KV head: 2 * S * Hkv * ctx * D * 2 B = 2*64*8*4096*128*2 = 1.07 GB
+//   (query and output are 1 MiB: negligible). The 4 query heads of one KV head read the same
+//   K/V from different thread blocks; L2 (50-60 MB) serves the repeats, so DRAM sees ~1x.
+//   An H100/H200 copies at ~3-4 TB/s, so the floor is ~0.3 ms per call; the arithmetic
+//   (2 * S*H*ctx*D * 2 FLOP = 4.3 GFLOP) is ~50x below the tensor-free fp32 roof: decode
+//   attention is bandwidth-bound, and the figure of merit is bytes moved per second.
+//
+// Choices a learner will ask about:
+//   - Why 128 threads (4 warps)? Enough warps per block to hide memory latency while other
+//     blocks share the SM; few enough that the cross-warp reductions stay cheap and a block's
+//     registers and shared memory leave room for several blocks per SM. vLLM uses 128 too.
+//   - Why a "thread group" for the dot product q.k? A warp handles one KV block at a time. With
+//     BS=16 and 32 lanes, two lanes share each token (THREAD_GROUP_SIZE = 32 / BS): each does
+//     half of the D multiply-adds, then one shuffle adds the halves. A whole warp per token
+//     would need 5 shuffles per token; one lane per token would leave lanes idle (BS=16) and
+//     make each lane's loads long and strided.
+//   - Why the plain [NB, Hkv, BS, D] layout and not vLLM's "x-packed" key cache
+//     [NB, Hkv, D/x, BS, x] (x = 16 bytes of elements)? The packed layout lets each lane fetch
+//     its slice of one token's key as a single 16-byte load, and puts neighbouring tokens'
+//     slices next to each other so the warp's loads coalesce. It buys bandwidth at the price of
+//     a layout that no NumPy reader can index by eye, and that differs from the value cache.
+//     This project keeps ONE layout for NumPy and CUDA, K and V alike, so that a learner can
+//     print key_cache[block, head, slot] and see a token's key; the kernel compensates by
+//     letting the lanes of a group read interleaved elements of the same row (they touch
+//     consecutive addresses together) and by reading V with lane = output dimension, which is
+//     perfectly coalesced in this layout. The price is measured by `minipaged bench kernel`.
+//   - Why logits in shared memory? The softmax needs the max of all logits before any
+//     exponential; keeping them on chip avoids a second pass over K.
+//   - Why float32 everywhere inside? fp16 has 11 significant bits; a sum over thousands of
+//     tokens in fp16 would be wrong in the third digit.
+#include "common.cuh"
+
+namespace mp {
+
+// One thread block computes one query head of one sequence (of one partition, v2).
+// Grid: (H, S, partitions); block: NUM_THREADS threads.
+// Dynamic shared memory: the logits of the tokens this block covers, as float
+//   (v1: ceil(max seq_len / BS) * BS floats; v2: PARTITION_SIZE floats).
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int PARTITION_SIZE>
+__global__ void __launch_bounds__(NUM_THREADS) paged_attention_kernel(
+    scalar_t* __restrict__ out,               // [S, H, D]        v1: the answer
+    float* __restrict__ exp_sums,             // [S, H, P]        v2: sum of exp(logit - max)
+    float* __restrict__ max_logits,           // [S, H, P]        v2: max logit of the partition
+    float* __restrict__ tmp_out,              // [S, H, P, D]     v2: the partition's output
+    const scalar_t* __restrict__ q,           // [S, H, D]
+    const scalar_t* __restrict__ k_cache,     // [NB, Hkv, BS, D]
+    const scalar_t* __restrict__ v_cache,     // [NB, Hkv, BS, D]
+    const int* __restrict__ block_tables,     // [S, MB]
+    const int* __restrict__ seq_lens,         // [S]
+    int num_kv_heads, int max_num_blocks_per_seq, int max_num_partitions, float scale) {
+  constexpr int NUM_WARPS = NUM_THREADS / WARP_SIZE;
+  // lanes that share one token's dot product, and how many tokens a warp has in flight
+  constexpr int THREAD_GROUP_SIZE = (WARP_SIZE / BLOCK_SIZE) > 1 ? WARP_SIZE / BLOCK_SIZE : 1;
+  constexpr int NUM_GROUPS = WARP_SIZE / THREAD_GROUP_SIZE;
+  constexpr int ELEMS_PER_LANE = HEAD_SIZE / THREAD_GROUP_SIZE;  // of one q.k
+  constexpr int DIMS_PER_LANE = HEAD_SIZE / WARP_SIZE;           // of the output
+  static_assert(NUM_THREADS % WARP_SIZE == 0, "whole warps only");
+  static_assert(HEAD_SIZE % WARP_SIZE == 0, "each lane owns HEAD_SIZE/32 output dimensions");
+  static_assert(PARTITION_SIZE % BLOCK_SIZE == 0, "a partition is a whole number of KV blocks");
+
+  const int head = blockIdx.x, seq = blockIdx.y, partition = blockIdx.z;
+  const int num_heads = gridDim.x;
+  const int seq_len = seq_lens[seq];
+  // v2: partitions past this sequence's end have nothing to do. The whole block returns
+  // together, before any barrier, which is allowed (no thread waits for another).
+  if (PARTITION_SIZE > 0 && partition * PARTITION_SIZE >= seq_len) return;
+
+  const int num_seq_blocks = (seq_len + BLOCK_SIZE - 1) / BLOCK_SIZE;
+  const int blocks_per_partition = PARTITION_SIZE > 0 ? PARTITION_SIZE / BLOCK_SIZE
+                                                      : num_seq_blocks;
+  const int start_block = partition * blocks_per_partition;
+  const int end_block = imin(start_block + blocks_per_partition, num_seq_blocks);
+  const int start_token = start_block * BLOCK_SIZE;
+  const int end_token = imin(end_block * BLOCK_SIZE, seq_len);
+  const int num_tokens = end_token - start_token;
+
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int group = lane / THREAD_GROUP_SIZE, group_lane = lane % THREAD_GROUP_SIZE;
+  const int kv_head = head / (num_heads / num_kv_heads);  // GQA: H/Hkv query heads per KV head
+
+  __shared__ float q_s[HEAD_SIZE];                    // the query, as float, read by every warp
+  __shared__ float red_s[2 * NUM_WARPS];              // cross-warp max, then sum
+  __shared__ float out_s[NUM_WARPS][HEAD_SIZE];       // each warp's partial output
+  MP_DYNAMIC_SHARED(smem);
+  float* logits = reinterpret_cast<float*>(smem);     // [num_tokens]
+
+  // 1. The query row to shared memory (every warp reads all of it, many times).
+  const scalar_t* q_row = q + ((long long)seq * num_heads + head) * HEAD_SIZE;
+  for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) q_s[d] = to_float(q_row[d]);
+  __syncthreads();
+
+  // 2. Logits q.k * scale. Warps take the logical KV blocks in turn (warp w: blocks w, w+4, ...);
+  //    inside a block each thread group takes one token. Only entries < num_seq_blocks of the
+  //    block table are read: entries past a sequence's length may hold anything.
+  const int* table = block_tables + (long long)seq * max_num_blocks_per_seq;
+  float qk_max = MP_NEG_INFINITY;
+  for (int b = start_block + warp; b < end_block; b += NUM_WARPS) {
+    const long long physical_block = table[b];
+    MP_TRACE("warp reads K of logical block", b);
+    const scalar_t* k_block =
+        k_cache + (physical_block * num_kv_heads + kv_head) * (BLOCK_SIZE * HEAD_SIZE);
+    // every lane makes the same number of trips (NUM_GROUPS divides BLOCK_SIZE or exceeds it
+    // by whole groups), so the shuffle below is reached by the full warp together
+    for (int t = group; t < BLOCK_SIZE; t += NUM_GROUPS) {
+      const scalar_t* k_row = k_block + t * HEAD_SIZE;
+      float dot = 0.f;
+      // lanes of a group read interleaved elements: together they touch consecutive addresses
+      for (int i = 0; i < ELEMS_PER_LANE; i++) {
+        const int d = i * THREAD_GROUP_SIZE + group_lane;
+        dot += q_s[d] * to_float(k_row[d]);
+      }
+      for (int mask = THREAD_GROUP_SIZE / 2; mask >= 1; mask /= 2)
+        dot += __shfl_xor_sync(FULL_MASK, dot, mask);
+      const int token = b * BLOCK_SIZE + t;
+      // slots past seq_len in the last block hold garbage (maybe NaN): computed, never kept
+      if (group_lane == 0 && token < seq_len) {
+        const float logit = dot * scale;
+        logits[token - start_token] = logit;
+        qk_max = fmaxf(qk_max, logit);
+      }
+    }
+  }
+#ifdef MINIPAGED_PLANT_OOB
+  // A deliberate bug for the sanitizer test: read the block table one entry past its end.
+  // The AddressSanitizer build must report it (tests/test_cuda_sanitize.py).
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == gridDim.y - 1) {
+    volatile int past_the_end = block_tables[(long long)gridDim.y * max_num_blocks_per_seq];
+    (void)past_the_end;
+  }
+#endif
+
+  // 3. The max over the block (its barrier also publishes every warp's logits).
+  qk_max = block_max<NUM_WARPS>(red_s, qk_max);
+
+  // 4. Exponentials, in place, and their sum. Subtracting the max keeps expf <= 1: no overflow.
+  float exp_sum = 0.f;
+  for (int i = threadIdx.x; i < num_tokens; i += NUM_THREADS) {
+    const float e = expf(logits[i] - qk_max);
+    logits[i] = e;
+    exp_sum += e;
+  }
+  exp_sum = block_sum<NUM_WARPS>(red_s + NUM_WARPS, exp_sum);  // barrier: exps now visible
+  const float inv_sum = 1.f / exp_sum;
+
+  // 5. The weighted sum of V. Lane l owns output dimensions l, l+32, ...: a warp reads a token's
+  //    V row as consecutive addresses (one coalesced transaction per 32 elements). Warps again
+  //    take KV blocks in turn; only tokens < seq_len are read (0 * NaN would still be NaN).
+  float acc[DIMS_PER_LANE];
+  for (int j = 0; j < DIMS_PER_LANE; j++) acc[j] = 0.f;
+  for (int b = start_block + warp; b < end_block; b += NUM_WARPS) {
+    const long long physical_block = table[b];
+    const scalar_t* v_block =
+        v_cache + (physical_block * num_kv_heads + kv_head) * (BLOCK_SIZE * HEAD_SIZE);
+    const int tokens_here = imin(BLOCK_SIZE, seq_len - b * BLOCK_SIZE);
+    for (int t = 0; t < tokens_here; t++) {
+      const float w = logits[b * BLOCK_SIZE + t - start_token];
+      for (int j = 0; j < DIMS_PER_LANE; j++)
+        acc[j] += w * to_float(v_block[t * HEAD_SIZE + j * WARP_SIZE + lane]);
+    }
+  }
+
+  // 6. Combine the warps' partial outputs in a fixed order (warp 0 + 1 + 2 + 3), so the result
+  //    does not depend on which warp finished first, nor on where the blocks live in memory.
+  for (int j = 0; j < DIMS_PER_LANE; j++) out_s[warp][j * WARP_SIZE + lane] = acc[j];
+  __syncthreads();
+  const long long row = (long long)seq * num_heads + head;
+  for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) {
+    float s = 0.f;
+    for (int w = 0; w < NUM_WARPS; w++) s += out_s[w][d];
+    s *= inv_sum;
+    if (PARTITION_SIZE == 0)
+      store(out + row * HEAD_SIZE + d, s);
+    else
+      tmp_out[(row * max_num_partitions + partition) * HEAD_SIZE + d] = s;
+  }
+  if (PARTITION_SIZE > 0 && threadIdx.x == 0) {
+    max_logits[row * max_num_partitions + partition] = qk_max;
+    exp_sums[row * max_num_partitions + partition] = exp_sum;
+  }
+}
+
+// v2's second kernel: combine the partitions of one (head, sequence).
+// Partition p computed o_p = sum_t exp(l_t - m_p) v_t / s_p with s_p = sum_t exp(l_t - m_p).
+// With M = max_p m_p and w_p = s_p * exp(m_p - M), the full softmax output is
+// sum_p w_p o_p / sum_p w_p. Grid: (H, S); dynamic shared memory: P floats (the weights w_p).
+template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE>
+__global__ void __launch_bounds__(NUM_THREADS) paged_attention_v2_reduce_kernel(
+    scalar_t* __restrict__ out,               // [S, H, D]
+    const float* __restrict__ exp_sums,       // [S, H, P]
+    const float* __restrict__ max_logits,     // [S, H, P]
+    const float* __restrict__ tmp_out,        // [S, H, P, D]
+    const int* __restrict__ seq_lens,         // [S]
+    int max_num_partitions) {
+  const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
+  const int num_partitions = (seq_lens[seq] + PARTITION_SIZE - 1) / PARTITION_SIZE;
+  const long long row = (long long)seq * num_heads + head;
+  const float* m = max_logits + row * max_num_partitions;
+  const float* s = exp_sums + row * max_num_partitions;
+  MP_DYNAMIC_SHARED(smem);
+  float* weights = reinterpret_cast<float*>(smem);  // [P]
+
+  // A few dozen partitions at most: every thread scans them all (no reduction tree needed,
+  // and every thread sees the same M and the same total, bit for bit).
+  float global_max = MP_NEG_INFINITY;
+  for (int p = 0; p < num_partitions; p++) global_max = fmaxf(global_max, m[p]);
+  for (int p = threadIdx.x; p < num_partitions; p += NUM_THREADS)
+    weights[p] = s[p] * expf(m[p] - global_max);
+  __syncthreads();
+  float total = 0.f;
+  for (int p = 0; p < num_partitions; p++) total += weights[p];
+  const float inv_total = 1.f / total;
+  for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) {
+    float acc = 0.f;
+    for (int p = 0; p < num_partitions; p++)
+      acc += weights[p] * tmp_out[(row * max_num_partitions + p) * HEAD_SIZE + d];
+    store(out + row * HEAD_SIZE + d, acc * inv_total);
+  }
+}
+
+}  // namespace mp

@@ -1,0 +1,425 @@
+"""LLM: the paged engine. Prompts in, completions out, through the shared scheduler.
+
+What it teaches: how the pieces of the course become a serving engine (vLLM section 4).
+
+    Scheduler (../scheduler.py)   who runs this step: admissions FCFS, one decode slot per running
+                                  sequence, preemption of the newest group by swap or recompute
+    KVCacheManager (../kv_cache)  which physical blocks hold which sequence (through PagedPolicy)
+    PagedRunner (runner.py)       the K/V arrays and one packed forward pass per step
+    sampling.py                   the next token (greedy, seeded sampling, beam search)
+
+One step of ``generate``: ``schedule()`` returns the plan; the runner applies its swap-outs,
+swap-ins and copy-on-write copies, then runs the step's prefill chunks and decodes in one forward
+pass (K/V written with reshape_and_cache, read with paged attention); the engine samples a token
+for every sequence that wants one and hands them to ``update()``. Parallel samples are forked
+from the prompt after its prefill (vLLM v0: the prompt's blocks are shared, the partly filled
+last block copied on the first write); beams are forked and dropped each step. With
+``enable_prefix_caching=True`` forking is off (vLLM v1): the n samples become n requests whose
+full prompt blocks are found in the prefix cache instead.
+
+The scheduler finishes a sequence when it reaches its output length; a sequence that ends
+earlier (<eos>, a stop string, a beam search that is done) is finished by the engine with
+``_finish_early`` right after ``update``.
+
+The oracle is reference.py: the same model, a contiguous cache per sequence, no sharing, no
+batching. tests/test_engine.py checks that both produce the same tokens for every request.
+
+Read before: runner.py, ../scheduler.py. Read next: lessons/09_model_end_to_end.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minipaged.kv_cache import KVCacheManager
+from minipaged.memory_policy import PagedPolicy
+from minipaged.model.decoder import Decoder
+from minipaged.model.runner import PagedRunner, SeqWork
+from minipaged.model.sampling import (
+    Beam,
+    CompletionOutput,
+    RequestOutput,
+    SamplingParams,
+    apply_stop,
+    beam_step,
+    finish_reason,
+    log_softmax,
+    resolve_seed,
+    sample_token,
+)
+from minipaged.model.tokenizer import CharTokenizer
+from minipaged.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass
+class _SeqState:
+    """The engine's record of one sample or beam (kept after the scheduler forgets it)."""
+
+    request: int                      # index into self._reqs
+    index: int                        # sample index: picks the random stream of this sample
+    tokens: list = field(default_factory=list)    # generated token ids
+    cum_logprob: float = 0.0
+    logits: list = field(default_factory=list)    # [V] per generated token, if asked for
+    reason: str | None = None
+
+
+@dataclass
+class _Request:
+    prompt_index: int
+    ids: list[int]
+    first_index: int = 0              # v1 mode splits n samples into n requests
+    group: object = None
+    states: list = field(default_factory=list)    # every _SeqState of this request
+    beams: dict = field(default_factory=dict)     # beam search: seq_id -> live Beam
+    beams_done: list = field(default_factory=list)  # beam search: (Beam, reason)
+    beam_over: bool = False
+
+
+@dataclass
+class StepStats:
+    """What one step did, for --show-blocks and the lesson."""
+
+    step: int
+    num_prefill_tokens: int
+    num_decodes: int
+    copies: list
+    swapped_out: int
+    swapped_in: int
+    preempted: list
+    block_tables: dict            # seq_id -> physical blocks (sequences on the "GPU")
+    num_free_blocks: int
+
+
+class LLM:
+    """A paged generation engine over a Decoder.
+
+    num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots
+    enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
+    preemption                "recompute" (default) or "swap" (then a CPU pool of
+                              num_cpu_blocks blocks, num_blocks by default)
+    chunked_prefill           split prompts over steps of at most max_num_batched_tokens
+    backend                   "numpy" (the CPU default) or "cuda-cpu" (the CUDA kernels of
+                              minipaged/cuda under their CPU emulation; see runner.py)
+    """
+
+    def __init__(self, model: Decoder | None = None, *, num_blocks: int = 256,
+                 block_size: int = 16, enable_prefix_caching: bool = False,
+                 preemption: str = "recompute", num_cpu_blocks: int | None = None,
+                 chunked_prefill: bool = False, max_num_batched_tokens: int | None = None,
+                 max_num_seqs: int = 256, backend: str = "numpy"):
+        if model is None:
+            from minipaged.model.checkpoint import load_model
+            model = load_model()
+        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        if num_cpu_blocks is None:
+            num_cpu_blocks = num_blocks if preemption == "swap" else 0
+        self.model = model
+        self.tokenizer = CharTokenizer()
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.preemption = preemption
+        self.chunked_prefill = bool(chunked_prefill)
+        self.manager = KVCacheManager(self.num_blocks, self.block_size,
+                                      enable_prefix_caching=self.enable_prefix_caching,
+                                      num_cpu_blocks=num_cpu_blocks)
+        self.runner = PagedRunner(model, self.num_blocks, self.block_size,
+                                  num_cpu_blocks=num_cpu_blocks, backend=backend)
+        self.sched_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_model_len=model.cfg.max_seq_len,
+            chunked_prefill=self.chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
+            preemption_mode=preemption)
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.on_step = None        # callback(StepStats) after every step (--show-blocks)
+
+    # ---- validation --------------------------------------------------------------------------
+    def _encode(self, prompts) -> list[list[int]]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
+        out = []
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
+            ids = self.tokenizer.encode(p)
+            if len(ids) >= self.model.cfg.max_seq_len:
+                raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
+                                 f"max_seq_len is {self.model.cfg.max_seq_len}")
+            out.append(ids)
+        return out
+
+    def _output_len(self, ids, params) -> int:
+        return min(params.max_tokens, self.model.cfg.max_seq_len - len(ids))
+
+    def _check_fits(self, i, ids, params) -> None:
+        """A request that could never fit, even alone in an empty pool, is refused up front
+        (the scheduler would otherwise preempt it over and over)."""
+        final = len(ids) + self._output_len(ids, params) - 1
+        blocks = -(-final // self.block_size) * params.num_seqs
+        if blocks > self.num_blocks:
+            raise ValueError(
+                f"prompts[{i}] needs up to {blocks} blocks ({params.num_seqs} sequence(s) of up "
+                f"to {final} tokens, block_size={self.block_size}) but num_blocks="
+                f"{self.num_blocks}: raise num_blocks or lower max_tokens")
+
+    # ---- generate ----------------------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | None = None, *,
+                 return_logits: bool = False, arrival_steps=None) -> list[RequestOutput]:
+        """Complete every prompt; outputs in prompt order. ``arrival_steps[i]`` (optional) is
+        the step at which prompt i joins the running batch (continuous batching)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.beam_width > 1 and self.chunked_prefill:
+            raise ValueError("beam search needs every beam of a request sampled in the same "
+                             "step; run it with chunked_prefill=False")
+        if params.beam_width > 1 and self.enable_prefix_caching:
+            raise ValueError("beam search forks beams (copy-on-write, vLLM v0); it is not "
+                             "available with enable_prefix_caching=True")
+        encoded = self._encode(prompts)
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        for i, ids in enumerate(encoded):
+            self._check_fits(i, ids, params)
+        if arrival_steps is None:
+            arrival_steps = [0] * len(encoded)
+        arrival_steps = list(arrival_steps)
+        if len(arrival_steps) != len(encoded) or any(
+                isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0
+                for a in arrival_steps):
+            raise ValueError(f"arrival_steps must hold one int >= 0 per prompt "
+                             f"({len(encoded)}), got {arrival_steps!r:.80}")
+        self._params, self._seed = params, resolve_seed(params)
+        self._return_logits = return_logits
+        sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
+        # v1 mode: with prefix caching there is no fork; n samples become n requests whose
+        # full prompt blocks come out of the prefix cache.
+        split = params.n > 1 and self.enable_prefix_caching
+        self._reqs: list[_Request] = []
+        for i, ids in enumerate(encoded):
+            for j in range(params.n if split else 1):
+                self._reqs.append(_Request(i, ids, first_index=j))
+        self._live: dict[int, _SeqState] = {}
+        pending = sorted(range(len(self._reqs)),
+                         key=lambda r: arrival_steps[self._reqs[r].prompt_index])
+        step = 0
+        while pending or sched.has_unfinished():
+            while pending and arrival_steps[self._reqs[pending[0]].prompt_index] <= step:
+                r = pending.pop(0)
+                req = self._reqs[r]
+                req.group = sched.add_request(
+                    r, req.ids, self._output_len(req.ids, params), arrival_s=float(step),
+                    n=1 if split else params.n, beam_width=params.beam_width)
+                st = _SeqState(r, req.first_index)
+                req.states.append(st)
+                self._live[req.group.seqs[0].seq_id] = st
+                if params.beam_width > 1:
+                    req.beams[req.group.seqs[0].seq_id] = Beam([], 0.0)
+            if sched.has_unfinished():
+                self._step(sched, step)
+            step += 1
+        self.num_steps += step
+        if sched.rejected:
+            raise RuntimeError(f"the scheduler rejected requests "
+                               f"{[g.request_id for g in sched.rejected]}")
+        return self._collect(prompts, encoded)
+
+    def _step(self, sched: Scheduler, step: int) -> None:
+        out = sched.schedule()
+        self.num_preemptions += len(out.preempted)
+        r, m = self.runner, self.manager
+        # Data movement first, in the scheduler's order: swap-outs, swap-ins, copies.
+        if out.blocks_to_swap_out:
+            r.swap_out(out.blocks_to_swap_out)
+        if out.blocks_to_swap_in:
+            r.swap_in(out.blocks_to_swap_in)
+        if out.blocks_to_copy:
+            r.copy(out.blocks_to_copy)
+        work = []
+        for c in out.prefills:
+            s = c.seq
+            work.append(SeqWork(s.token_ids[c.start:c.end], c.start,
+                                m.slot_mapping(s.seq_id, c.start, c.end),
+                                m.block_table(s.seq_id), c.end == len(s.token_ids)))
+        for s in out.decodes:
+            n = len(s.token_ids)
+            work.append(SeqWork([s.token_ids[-1]], n - 1, m.slot_mapping(s.seq_id, n - 1, n),
+                                m.block_table(s.seq_id)))
+        logits = r.execute(work)       # one per out.sampled: finishing prefills, then decodes
+        if self._params.beam_width > 1:
+            samples = self._beam_samples(out.sampled, logits)
+        else:
+            samples = self._samples(out.sampled, logits)
+        sched.update(out, StepResult(0.0, samples), float(step))
+        if self._params.beam_width > 1:
+            self._beam_after_update(sched, out, samples, step)
+        else:
+            self._after_update(sched, out, samples, step)
+        if self.on_step is not None:
+            self.on_step(StepStats(step, out.num_prefill_tokens, len(out.decodes),
+                                   list(out.blocks_to_copy), len(out.blocks_to_swap_out),
+                                   len(out.blocks_to_swap_in),
+                                   [(g.request_id, mode) for g, mode in out.preempted],
+                                   {sid: m.block_table(sid) for sid in m.seq_ids
+                                    if not m.is_swapped(sid)},
+                                   m.num_free_blocks))
+
+    # ---- sampling and parallel samples ---------------------------------------------------------
+    def _record(self, st: _SeqState, lg: np.ndarray, t: int) -> None:
+        st.tokens.append(t)
+        st.cum_logprob += float(log_softmax(lg)[t])
+        if self._return_logits:
+            st.logits.append(lg)
+
+    def _samples(self, sampled, logits) -> list:
+        p = self._params
+        samples, self._forks = [], {}
+        for s, lg in zip(sampled, logits):
+            st = self._live[s.seq_id]
+            if not st.tokens and p.n > 1 and not self.enable_prefix_caching:
+                # The prompt's logits serve all n samples: this sequence continues as sample 0
+                # and the scheduler forks one child per further sample (vLLM v0: the children
+                # share every prompt block; the partly filled last one is copied on write).
+                toks = [sample_token(lg, p, self._seed, i, 0) for i in range(p.n)]
+                req = self._reqs[st.request]
+                children = [_SeqState(st.request, i) for i in range(1, p.n)]
+                for c, t in zip(children, toks[1:]):
+                    self._record(c, lg, t)
+                req.states.extend(children)
+                self._forks[s.seq_id] = children
+                self._record(st, lg, toks[0])
+                samples.append(toks)
+            else:
+                t = sample_token(lg, p, self._seed, st.index, len(st.tokens))
+                self._record(st, lg, t)
+                samples.append(t)
+        return samples
+
+    def _after_update(self, sched, out, samples, step) -> None:
+        """Give forked children their records; finish sequences that ended early."""
+        touched = []
+        for s in out.sampled:
+            st = self._live[s.seq_id]
+            touched.append((s, st))
+            children = self._forks.get(s.seq_id, [])
+            if children:
+                known = set(self._live)
+                new = [x for x in s.group.seqs if x.seq_id not in known]
+                # Children appear in sample order; all of them are gone already only when
+                # one token was all they could produce (then they have finished).
+                for x, c in zip(new, children):
+                    self._live[x.seq_id] = c
+                    touched.append((x, c))
+                if len(new) < len(children):
+                    for c in children[len(new):]:
+                        touched.append((None, c))
+        for s, st in touched:
+            req = self._reqs[st.request]
+            st.reason = finish_reason(st.tokens, len(req.ids), self._params,
+                                      self.model.cfg.max_seq_len, self.tokenizer.eos_id,
+                                      self.tokenizer.decode)
+            if st.reason is None or s is None:
+                continue
+            if s in s.group.seqs:           # "length" was handled by update() already
+                self._finish_early(sched, s, step)
+            self._live.pop(s.seq_id, None)
+
+    def _finish_early(self, sched: Scheduler, s, step: int) -> None:
+        """End sequence ``s`` now, exactly as update() ends one that reached its length."""
+        g = s.group
+        sched.policy.free(s.seq_id)
+        g.seqs.remove(s)
+        g.outputs.append(s.token_ids)
+        if not g.seqs:
+            g.status, g.finish_s = FINISHED, float(step)
+            sched.running = [x for x in sched.running if x is not g]
+            sched.finished.append(g)
+
+    # ---- beam search ------------------------------------------------------------------------
+    def _beam_samples(self, sampled, logits) -> list:
+        """One beam step per request whose beams were all computed this step. Each sequence
+        gets the tokens of its surviving children (the first continues it, the others fork it;
+        none: it is dropped and its blocks lose a user)."""
+        k, eos = self._params.beam_width, self.tokenizer.eos_id
+        by_req: dict[int, list[int]] = {}
+        for j, s in enumerate(sampled):
+            by_req.setdefault(self._live[s.seq_id].request, []).append(j)
+        samples: list = [None] * len(sampled)
+        self._beam_plan = {}
+        for r, js in by_req.items():
+            req = self._reqs[r]
+            seqs = [sampled[j] for j in js]
+            assert len(seqs) == len(req.group.seqs), "a beam group must be sampled together"
+            live = [req.beams[s.seq_id] for s in seqs]
+            survivors, done = beam_step(live, [log_softmax(logits[j]) for j in js], k, eos)
+            req.beams_done.extend((b, "stop") for b in done)
+            new_live = [(i, Beam(live[i].tokens + [t], sc)) for i, t, sc in survivors]
+            out_len = self._output_len(req.ids, self._params)
+            if len(req.beams_done) >= k or not new_live:
+                req.beam_over = True
+                for j in js:
+                    samples[j] = eos            # no forks; the engine ends the group after update
+                continue
+            if len(new_live[0][1].tokens) >= out_len:
+                # update() ends every sequence at its length: the live beams finish as they are.
+                req.beams_done.extend((b, "length") for _, b in new_live)
+                req.beam_over = True
+            per_parent = {i: [] for i in range(len(seqs))}
+            for i, b in new_live:
+                per_parent[i].append(b)
+            for i, j in enumerate(js):
+                samples[j] = [b.tokens[-1] for b in per_parent[i]]
+            self._beam_plan[r] = (seqs, per_parent)
+        return samples
+
+    def _beam_after_update(self, sched, out, samples, step) -> None:
+        for r, (seqs, per_parent) in self._beam_plan.items():
+            req = self._reqs[r]
+            if req.beam_over:
+                continue
+            known = set(req.beams)
+            new = iter([x for x in req.group.seqs if x.seq_id not in known])
+            beams = {}
+            for i, s in enumerate(seqs):
+                bs = per_parent[i]
+                if bs:
+                    beams[s.seq_id] = bs[0]
+                    for b in bs[1:]:
+                        child = next(new)
+                        beams[child.seq_id] = b
+                        self._live[child.seq_id] = _SeqState(r, 0)
+            req.beams = beams
+        for req in self._reqs:
+            if req.beam_over and req.group is not None and req.group.status != FINISHED:
+                for s in list(req.group.seqs):
+                    self._finish_early(sched, s, step)
+                req.beams = {}
+
+    # ---- results ---------------------------------------------------------------------------
+    def _collect(self, prompts, encoded) -> list[RequestOutput]:
+        p = self._params
+        results = [RequestOutput(i, prompts[i], ids) for i, ids in enumerate(encoded)]
+        for req in self._reqs:
+            res = results[req.prompt_index]
+            if p.beam_width > 1:
+                ranked = sorted(req.beams_done, key=lambda br: -br[0].score())[: p.beam_width]
+                res.outputs = [CompletionOutput(i, self.tokenizer.decode(b.tokens), b.tokens,
+                                                b.cum_logprob, reason)
+                               for i, (b, reason) in enumerate(ranked)]
+                continue
+            for st in req.states:
+                text = apply_stop(self.tokenizer.decode(st.tokens), p.stop)[0]
+                res.outputs.append(CompletionOutput(
+                    st.index, text, st.tokens, st.cum_logprob, st.reason,
+                    np.stack(st.logits) if self._return_logits else None))
+        for res in results:
+            res.outputs.sort(key=lambda o: o.index)
+        return results

@@ -1,0 +1,192 @@
+"""Sampling parameters, the outputs of a generate call, and the token-choosing rules.
+
+What it teaches: how the next token is picked from logits, written once and shared by the paged
+engine and the reference generator, so any difference between them can only come from the
+cache. Sampling is made reproducible *per sample and per step*: the random number that picks
+token ``t`` of sample ``i`` comes from a generator seeded with ``(seed, i, t)``. So a sample does
+not depend on which other sequences ran in the same batch, on preemption, or on whether its
+prompt blocks were shared by copy-on-write: the property test for parallel sampling relies on it.
+
+Beam search (vLLM v0 style): each step every live beam proposes candidates, the best
+``2 * beam_width`` of all candidates by cumulative log-probability are taken in order; candidates
+ending in <eos> become finished hypotheses, the first ``beam_width`` others stay live. It stops
+when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps; hypotheses are ranked
+by cumulative log-probability divided by their length. ``beam_step`` below is the one
+implementation; the engine shares the survivors' blocks by fork, the reference copies caches.
+
+Read next: reference.py, engine.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate for each prompt.
+
+    max_tokens   new tokens at most per completion (>= 1)
+    temperature  0 means greedy (argmax); > 0 samples from softmax(logits / temperature)
+    top_k        0 keeps the whole vocabulary; k > 0 samples among the k most likely tokens
+    n            completions per prompt (parallel sampling; they share the prompt's blocks)
+    beam_width   > 1 runs beam search and returns that many beams (needs n == 1, temperature 0)
+    seed         makes sampling reproducible; None draws one seed per generate call
+    stop         strings that end a completion (not included in its text); <eos> always ends it
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    n: int = 1
+    beam_width: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        def _int(name, lo):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"SamplingParams.{name} must be an int, got {v!r}")
+            if v < lo:
+                raise ValueError(f"SamplingParams.{name} must be >= {lo}, got {v}")
+
+        _int("max_tokens", 1)
+        _int("top_k", 0)
+        _int("n", 1)
+        _int("beam_width", 1)
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                    or self.seed < 0:
+                raise ValueError(f"SamplingParams.seed must be None or an int >= 0, "
+                                 f"got {self.seed!r}")
+        if self.beam_width > 1:
+            if self.n != 1:
+                raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width}"
+                                 f" beams; n must be 1, got n={self.n}")
+            if t != 0:
+                raise ValueError(f"SamplingParams: beam search is deterministic; temperature "
+                                 f"must be 0, got {t}")
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if stop is None:
+            stop = ()
+        stop = tuple(stop)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {s!r}")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences one request keeps alive: n samples or beam_width beams."""
+        return self.beam_width if self.beam_width > 1 else self.n
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float
+    finish_reason: str                      # "stop" (<eos> or a stop string) or "length"
+    logits: np.ndarray | None = None        # [num generated, V] when asked for
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+
+def resolve_seed(params: SamplingParams) -> int:
+    if params.seed is not None:
+        return int(params.seed)
+    return int(np.random.SeedSequence().entropy % (2**63))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, sample_index: int,
+                 step: int) -> int:
+    """The token for output position ``step`` of sample ``sample_index``; logits [V]."""
+    if params.greedy:
+        return int(np.argmax(logits))              # first maximum on ties
+    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    if 0 < params.top_k < z.shape[0]:
+        kth = np.sort(z)[-params.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p)
+    u = np.random.default_rng([seed, sample_index, step]).random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), z.shape[0] - 1))
+
+
+def apply_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """(text cut before the earliest stop string, whether one occurred)."""
+    cut = -1
+    for s in stop:
+        i = text.find(s)
+        if i >= 0 and (cut < 0 or i < cut):
+            cut = i
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+@dataclass
+class Beam:
+    tokens: list[int]
+    cum_logprob: float
+
+    def score(self) -> float:
+        return self.cum_logprob / max(1, len(self.tokens))
+
+
+def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos_id: int
+              ) -> tuple[list[tuple[int, int, float]], list[Beam]]:
+    """One beam-search step.
+
+    live: the live beams; logprobs[i] [V] is beam i's next-token log-probabilities.
+    Returns (survivors, finished): survivors are (parent index, token, cumulative logprob) for
+    the next live beams, best first; finished are new hypotheses that ended with <eos>.
+    Ties are broken by parent index, then token id, so every implementation agrees."""
+    cands = []
+    for i, (beam, lp) in enumerate(zip(live, logprobs)):
+        top = np.argsort(-lp, kind="stable")[: 2 * beam_width]
+        cands.extend((beam.cum_logprob + float(lp[t]), i, int(t)) for t in top)
+    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    survivors, finished = [], []
+    for score, i, t in cands[: 2 * beam_width]:
+        if t == eos_id:
+            finished.append(Beam(live[i].tokens + [t], score))
+        elif len(survivors) < beam_width:
+            survivors.append((i, t, score))
+    return survivors, finished
+
+
+def finish_reason(out_tokens: list[int], prompt_len: int, params: SamplingParams,
+                  max_seq_len: int, eos_id: int, decode) -> str | None:
+    """Why a sample ends after its newest token, or None to go on. Shared by both generators:
+    <eos> or a stop string -> "stop"; max_tokens or the model's max_seq_len -> "length"."""
+    if out_tokens[-1] == eos_id:
+        return "stop"
+    if params.stop and apply_stop(decode(out_tokens), params.stop)[1]:
+        return "stop"
+    if len(out_tokens) >= params.max_tokens or prompt_len + len(out_tokens) >= max_seq_len:
+        return "length"
+    return None

@@ -1,0 +1,62 @@
+"""A character-level tokenizer: every printable ASCII character is one token.
+
+What it teaches: the engine only ever sees integer token ids; this file is the whole map between
+text and ids for the tiny model. Character level keeps the model small (100 ids) and means any
+printable prompt has tokens, even characters the training corpus never used, so a user can type
+anything and get a (possibly silly) completion rather than an error.
+
+The vocabulary, in id order:
+
+    0 <pad>   never produced; fills nothing in this project but keeps id 0 meaningless
+    1 <bos>   prepended to every prompt, so position 0 is always the same token
+    2 <eos>   the model emits it when a completion ends; generation stops there
+    3 '\\t', 4 '\\n', then ' ' (5) ... '~' (99): the 95 printable ASCII characters
+
+Read next: corpus.py (the text the model learns from), then decoder.py.
+"""
+
+from __future__ import annotations
+
+import string
+
+PAD, BOS, EOS = 0, 1, 2
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+# '\t' and '\n' first, then chr(32) .. chr(126) in ASCII order.
+CHARS = "\t\n" + "".join(chr(c) for c in range(32, 127))
+VOCAB_SIZE = len(SPECIALS) + len(CHARS)  # 100
+
+_CHAR_TO_ID = {ch: i + len(SPECIALS) for i, ch in enumerate(CHARS)}
+assert set(CHARS) >= set(string.digits + string.ascii_letters + string.punctuation + " \n")
+
+
+class CharTokenizer:
+    """Maps text to token ids and back; ``encode`` rejects characters outside printable ASCII."""
+
+    vocab_size = VOCAB_SIZE
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids = [BOS] if bos else []
+        for i, ch in enumerate(text):
+            tid = _CHAR_TO_ID.get(ch)
+            if tid is None:
+                raise ValueError(
+                    f"text[{i}] = {ch!r} is not a printable ASCII character (nor tab/newline); "
+                    "the character-level vocabulary covers chr(32)..chr(126), '\\t' and '\\n'")
+            ids.append(tid)
+        return ids
+
+    def decode(self, ids, *, skip_special: bool = True) -> str:
+        out = []
+        for tid in ids:
+            tid = int(tid)
+            if not 0 <= tid < VOCAB_SIZE:
+                raise ValueError(f"token id {tid} is out of range [0, {VOCAB_SIZE})")
+            if tid < len(SPECIALS):
+                if not skip_special:
+                    out.append(SPECIALS[tid])
+                continue
+            out.append(CHARS[tid - len(SPECIALS)])
+        return "".join(out)

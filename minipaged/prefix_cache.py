@@ -1,0 +1,176 @@
+"""Prefix caching: full blocks found again by a hash of everything before them (vLLM v1 style).
+
+What this teaches: how vLLM v1 (and nano-vllm) share KV cache blocks *between requests* without
+copy-on-write. Every full block gets a hash chained from its parent block's hash and its own
+token ids::
+
+    h_0 = hash(ROOT, tokens[0:BS]);  h_i = hash(h_{i-1}, tokens[i*BS:(i+1)*BS])
+
+so two blocks with equal hashes hold K/V of the same *whole prefix*, not only of the same BS
+tokens (K/V of a token depend on every token before it). A table maps hash -> physical block.
+A new prompt walks its own chain and reuses the longest run of cached blocks; only full blocks
+are ever cached, so a shared block is never written again and block tables stay append-only.
+
+When its last user leaves, a block that carries a hash is *not* forgotten: it goes to a free
+queue in least-recently-used order and keeps its K/V and its hash. It stays a hit for the next
+request until the allocator actually needs a block and no never-cached block is left; only then
+is the oldest one evicted (its hash dropped) and reused. Paper: vLLM section 4.4 describes shared
+prefixes; the hash-and-LRU design is vLLM v1's (docs "Automatic Prefix Caching"). Read next:
+``swap.py`` (preemption) or ``lessons/05_prefix_caching.py``.
+
+Invariants (asserted by ``check_invariants`` in the stateful tests):
+    * a block is in exactly one of: in use (ref >= 1), the clean free list, the LRU queue;
+    * the LRU queue holds exactly the free blocks that carry a hash;
+    * the table maps each hash to a block whose recorded hash is that hash;
+    * a hit is checked against the block's token ids and parent hash, not only the hash, so a
+      hash collision can cost a hit but never return another prefix's K/V. (What remains is a
+      collision of the 64-bit *parent* chain hash together with equal block tokens: about 2^-64
+      per lookup; a byte-exact check would have to store the whole prefix.)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
+
+ROOT_HASH = 0  # the "parent hash" of a sequence's first block
+
+HashFn = Callable[[int, tuple[int, ...]], int]
+
+
+def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+    """Python's hash of a tuple of ints: 64-bit, deterministic (ints are not salted), and fast
+    because it runs in C. vLLM uses sha256 or a builtin hash; nano-vllm uses xxhash64."""
+    return hash((parent_hash, token_ids))
+
+
+class PrefixCachingBlockAllocator(BlockAllocator):
+    """A ``BlockAllocator`` whose freed blocks keep their K/V and hash until memory is needed.
+
+    The LRU queue is an ``OrderedDict`` used as a doubly linked list with an index: append at
+    the tail when a block's last user leaves, pop at the head to evict the least recently used,
+    and ``del queue[block]`` in O(1) to take a block out of the *middle* when a new request hits
+    it (vLLM v1 writes the same structure by hand, FreeKVCacheBlockQueue).
+    """
+
+    def __init__(self, num_blocks: int, hash_fn: HashFn | None = None) -> None:
+        super().__init__(num_blocks)
+        self.hash_fn: HashFn = hash_fn or default_block_hash
+        self._lru: OrderedDict[int, None] = OrderedDict()  # free blocks with a hash, oldest first
+        self._table: dict[int, int] = {}                    # hash -> physical block
+        self._block_hash: list[int | None] = [None] * self.num_blocks
+        self._block_parent: list[int] = [ROOT_HASH] * self.num_blocks
+        self._block_tokens: list[tuple[int, ...] | None] = [None] * self.num_blocks
+        self.hits = 0           # blocks reused from the cache
+        self.queries = 0        # blocks looked up
+        self.evictions = 0      # cached blocks whose hash was dropped to reuse the block
+
+    # ---- the free side ---------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self._lru)
+
+    def allocate(self) -> int:
+        if self._free:  # never-cached blocks first: evict only when nothing else is left
+            block = self._free.pop()
+        elif self._lru:
+            block, _ = self._lru.popitem(last=False)  # least recently used
+            self._evict(block)
+        else:
+            raise OutOfBlocksError(1, 0)
+        self._ref[block] = 1
+        return block
+
+    def _evict(self, block: int) -> None:
+        h = self._block_hash[block]
+        if self._table.get(h) == block:
+            del self._table[h]
+        self._block_hash[block] = None
+        self._block_tokens[block] = None
+        self.evictions += 1
+
+    def _release(self, block: int) -> None:
+        if self._block_hash[block] is None:
+            self._free.append(block)
+        else:
+            self._lru[block] = None  # most recently used end
+
+    # ---- the hash side ---------------------------------------------------------------------
+    def lookup(self, parent_hash: int, token_ids: tuple[int, ...]) -> tuple[int, int | None]:
+        """(hash, cached block or None) for one full block whose parent chain hash is given."""
+        h = self.hash_fn(parent_hash, token_ids)
+        block = self._table.get(h)
+        if block is not None and (self._block_tokens[block] != token_ids
+                                  or self._block_parent[block] != parent_hash):
+            block = None  # same hash, different content: a collision, treated as a miss
+        return h, block
+
+    def match(self, token_ids: list[int], block_size: int,
+              max_hits: int) -> tuple[list[int], list[int]]:
+        """Chain hashes of every full block of ``token_ids`` and the cached blocks of the
+        longest verified run from the start (at most ``max_hits``). Nothing is changed.
+
+        The same test as ``lookup``, inlined: this loop runs for every block of every prompt."""
+        hash_fn, table = self.hash_fn, self._table
+        tokens_of, parent_of = self._block_tokens, self._block_parent
+        hits: list[int] = []
+        hashes: list[int] = []
+        parent = ROOT_HASH
+        for i in range(len(token_ids) // block_size):
+            chunk = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            h = hash_fn(parent, chunk)
+            if len(hits) == i < max_hits:
+                block = table.get(h)
+                if block is not None and tokens_of[block] == chunk and parent_of[block] == parent:
+                    hits.append(block)
+            hashes.append(h)
+            parent = h
+        return hits, hashes
+
+    def touch(self, block: int) -> None:
+        """A new user of a cached block: out of the LRU queue if it sat there (O(1))."""
+        if self._ref[block] == 0:
+            del self._lru[block]
+        self._ref[block] += 1
+
+    def register(self, block: int, h: int, parent_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Record that ``block`` (in use, full) holds the prefix with hash ``h``.
+
+        If the hash is already cached in another block (two requests computed the same prefix
+        at the same time), the first stays cached and this one stays private: False."""
+        if h in self._table or self._block_hash[block] is not None:
+            return False
+        self._table[h] = block
+        self._block_hash[block] = h
+        self._block_parent[block] = parent_hash
+        self._block_tokens[block] = token_ids
+        return True
+
+    def block_hash(self, block: int) -> int | None:
+        return self._block_hash[self._check_block(block)]
+
+    def block_token_ids(self, block: int) -> tuple[int, ...] | None:
+        return self._block_tokens[self._check_block(block)]
+
+    def cached_blocks(self) -> dict[int, int]:
+        """A copy of the hash -> block table."""
+        return dict(self._table)
+
+    def check_invariants(self) -> None:
+        free, lru = self._free, list(self._lru)
+        assert len(set(free) | set(lru)) == len(free) + len(lru), "a block is free twice"
+        for b in free:
+            assert self._ref[b] == 0 and self._block_hash[b] is None, f"clean free block {b}"
+        for b in lru:
+            assert self._ref[b] == 0 and self._block_hash[b] is not None, f"LRU block {b}"
+        in_use = sum(1 for r in self._ref if r > 0)
+        assert min(self._ref) >= 0, "negative reference count"
+        assert in_use + len(free) + len(lru) == self.num_blocks, "free + used != total"
+        for h, b in self._table.items():
+            assert self._block_hash[b] == h, f"table maps hash to block {b} holding another"

@@ -1,0 +1,326 @@
+"""The serving simulator: the real scheduler and the real memory managers, a cost model for time.
+
+What this teaches: how the paper's serving results come about. Requests arrive (``workloads``),
+the scheduler (``minipaged.scheduler``) batches them step by step over a real ``KVCacheManager``
+or ``ContiguousKVCache`` (``minipaged.memory_policy``), and instead of running a model, each
+step's duration comes from a roofline cost model (``cost.py``) and its sampled tokens from a
+deterministic stand-in. Memory decides the batch size, the batch size decides the throughput:
+that is the paper's argument (sections 3 and 6), measured here with the project's own managers.
+Read before: ``cost.py``, ``minipaged/scheduler.py``. Read next: ``experiments.py``.
+
+What is measured (``SimResult``; ``--json`` writes it):
+    kv_usage            time-averaged fractions of all KV slots per category (``usage.py``);
+                        they add up to the used share; snapshots every ``usage_every`` steps
+                        (auto: num_requests // 8, at least 16: a snapshot costs a pass over
+                        the block tables), each weighted by the simulated time since the last
+    kv_usage_saturated  the same, only over snapshots taken while requests were queued (memory
+                        is the bottleneck then: the paper's Fig. 2 setting)
+    avg_batch_size      sequences per decode step (all running sequences in vLLM v0's
+                        decode steps), averaged over decode steps
+    throughput          generated tokens per simulated second
+    normalized latency  mean over requests of (finish - arrival) / output_len, in s/token
+    memory_saving       for sharing runs: 1 - blocks used / blocks the same sequences would
+                        need without sharing (the paper's Fig. 15 definition), time-averaged
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from minipaged.memory_policy import PagedPolicy, make_policy
+from minipaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from minipaged.sim.cost import CostModel
+from minipaged.sim.memory import preset
+from minipaged.sim.workloads import make_workload, prompt_token_ids
+from minipaged.usage import CATEGORIES
+
+VOCAB = 32000
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    workload: str = "sharegpt"        # sharegpt | alpaca | path of a JSONL trace
+    policy: str = "paged"             # paged | orca-max | orca-pow2 | orca-oracle
+    num_requests: int = 1000
+    request_rate: float = math.inf    # requests per second (Poisson); inf: all at t=0
+    seed: int = 0
+    block_size: int = 16
+    model: str = "opt-13b"            # memory + cost preset (memory.PRESETS)
+    kv_cache_gb: float | None = None  # override the preset's KV budget (GiB)
+    num_slots: int | None = None      # override the KV budget in token slots (tests)
+    n: int = 1                        # parallel samples per request
+    beam_width: int = 1
+    sharing: str = "cow"              # n > 1: "cow" (v0 fork) or "prefix" (v1: n requests)
+    enable_prefix_caching: bool = False
+    preemption_mode: str = "recompute"
+    swap_space_blocks: int | None = None  # CPU pool; default: as many blocks as the GPU
+    chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    usage_every: int | None = None    # steps between usage snapshots; None: auto
+
+    def __post_init__(self) -> None:
+        if self.sharing not in ("cow", "prefix"):
+            raise ValueError(f"sharing={self.sharing!r} must be 'cow' or 'prefix'")
+        if self.usage_every is not None and self.usage_every < 1:
+            raise ValueError(f"usage_every={self.usage_every} must be >= 1")
+
+
+@dataclass
+class SimResult:
+    config: dict
+    num_requests: int
+    num_finished: int
+    num_rejected: int
+    num_steps: int
+    sim_time_s: float
+    throughput_tokens_per_s: float
+    throughput_requests_per_s: float
+    normalized_latency_s_per_token: float
+    avg_batch_size: float
+    num_preemptions: int
+    num_swapped_out: int
+    num_recomputed: int
+    kv_usage: dict[str, float]
+    kv_usage_saturated: dict[str, float] | None
+    memory_saving: float | None
+    token_slots: int
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _mix(*xs: int) -> int:
+    """A small deterministic integer hash (splitmix-style): same inputs, same output."""
+    h = 0x9E3779B97F4A7C15
+    for x in xs:
+        h = ((h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h
+
+
+class SimExecutor:
+    """Stands in for the model: a step's duration from the cost model, tokens from a hash of the
+    sequence's history (so a preempted and resumed sequence produces exactly the same tokens).
+
+    Beam search: the k new beams pick their parents uniformly at random among the current
+    beams (seeded): a strong beam often supplies several of the top k continuations and a weak
+    one none. This choice decides how much of the generated text beams share, so the measured
+    saving is only as good as this model of beam survival."""
+
+    def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
+                 sharing: bool = True, block_size: int | None = None) -> None:
+        self.cost, self.block_bytes, self.seed = cost, block_bytes, seed
+        self.sharing = sharing  # False: no group ever samples more than one token (fast path)
+        self.block_size = block_size  # None: a contiguous cache (no per-block cost)
+        self.blocks_read = 0  # running total, for experiment 4
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        sum_ctx = sum([c.end for c in out.prefills]) + sum([len(s.token_ids)
+                                                            for s in out.decodes])
+        nb = 0
+        if self.block_size is not None:
+            bs = self.block_size
+            nb = sum([-(-c.end // bs) for c in out.prefills]) + sum(
+                [-(-len(s.token_ids) // bs) for s in out.decodes])
+            self.blocks_read += nb
+        dt = self.cost.step_time(out.num_tokens, sum_ctx, blocks_read=nb,
+                                 blocks_swapped=len(out.blocks_to_swap_in)
+                                 + len(out.blocks_to_swap_out), block_bytes=self.block_bytes)
+        if not self.sharing:  # same formula as below, one list comprehension
+            return StepResult(dt, [(s.token_ids[-1] * 1103515245 + len(s.token_ids) * 12345 + 1)
+                                   % VOCAB + 1 for s in out.sampled])
+        samples: list = []
+        beams: dict[int, list[int]] = {}
+        for i, s in enumerate(out.sampled):
+            g = s.group
+            toks = s.token_ids
+            nxt = (toks[-1] * 1103515245 + len(toks) * 12345 + 1) % VOCAB + 1
+            if g.beam_width > 1:
+                beams.setdefault(id(g), []).append(i)
+                samples.append([])
+            elif g.n > 1 and len(toks) == g.prompt_len:
+                samples.append([(nxt + j * 7919) % VOCAB + 1 for j in range(g.n)])
+            else:
+                samples.append(nxt)
+        for idx in beams.values():
+            g = out.sampled[idx[0]].group
+            pos = len(out.sampled[idx[0]].token_ids)
+            for j in range(g.beam_width):
+                h = _mix(self.seed, g.order, pos, j)
+                i = idx[h % len(idx)]
+                samples[i].append((h >> 20) % VOCAB + 1)
+        return StepResult(dt, samples)
+
+
+def build(cfg: SimConfig):
+    """The pieces of a run: (requests, scheduler, executor, token_slots)."""
+    p = preset(cfg.model, kv_cache_gb=cfg.kv_cache_gb)
+    slots = cfg.num_slots if cfg.num_slots is not None else p.num_token_slots
+    max_len = p.model.max_model_len
+    reqs = make_workload(cfg.workload, cfg.num_requests, request_rate=cfg.request_rate,
+                         seed=cfg.seed, max_model_len=max_len)
+    num_blocks = slots // cfg.block_size
+    cpu = cfg.swap_space_blocks if cfg.swap_space_blocks is not None else num_blocks
+    policy = make_policy(cfg.policy, num_slots=slots, block_size=cfg.block_size,
+                         max_seq_len=max_len,
+                         enable_prefix_caching=cfg.enable_prefix_caching or (
+                             cfg.n > 1 and cfg.sharing == "prefix"),
+                         num_cpu_blocks=cpu if cfg.policy == "paged" else 0)
+    sched = Scheduler(policy, SchedulerConfig(
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=max_len, chunked_prefill=cfg.chunked_prefill,
+        preemption_mode=cfg.preemption_mode))
+    cost = CostModel.for_preset(p)
+    ex = SimExecutor(cost, p.model.kv_bytes_per_token * cfg.block_size, cfg.seed,
+                     sharing=cfg.n > 1 or cfg.beam_width > 1,
+                     block_size=cfg.block_size if cfg.policy == "paged" else None)
+    return reqs, sched, ex, slots
+
+
+def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = None,
+             progress_every: int = 256) -> SimResult:
+    """Run one simulation to the end. ``progress(finished, total)`` is called now and then."""
+    reqs, sched, ex, slots = build(cfg)
+    policy = sched.policy
+    paged = isinstance(policy, PagedPolicy)
+    bs = cfg.block_size if paged else 1
+    v1_copies = cfg.n if (cfg.n > 1 and cfg.sharing == "prefix") else 1
+    per_group_n = 1 if v1_copies > 1 else cfg.n
+    total_groups = len(reqs) * v1_copies
+    sharing_run = cfg.n > 1 or cfg.beam_width > 1 or cfg.enable_prefix_caching
+    acc = dict.fromkeys(CATEGORIES, 0.0)
+    acc_sat = dict.fromkeys(CATEGORIES, 0.0)
+    w_total = w_sat = w_pending = 0.0
+    used_blocks_acc = unshared_acc = 0.0
+    batch_acc, decode_steps = 0.0, 0
+    usage_every = cfg.usage_every or max(16, cfg.num_requests // 8)
+    now, i, step = 0.0, 0, 0
+    while i < len(reqs) or sched.has_unfinished():
+        while i < len(reqs) and reqs[i].arrival_s <= now:
+            r = reqs[i]
+            toks = prompt_token_ids(r.request_id, r.prompt_len)
+            for c in range(v1_copies):  # v1 parallel sampling: n requests, one shared prompt
+                sched.add_request((r.request_id, c), list(toks), r.output_len,
+                                  arrival_s=r.arrival_s, n=per_group_n,
+                                  beam_width=cfg.beam_width)
+            i += 1
+        if not sched.has_unfinished():
+            now = reqs[i].arrival_s  # idle: jump to the next arrival
+            continue
+        out = sched.schedule()
+        if out.is_empty:
+            if not sched.has_unfinished():
+                continue
+            if not sched.running and not sched.swapped:
+                g = sched.waiting[0]
+                raise RuntimeError(f"the scheduler is stuck: nothing runs and request "
+                                   f"{g.request_id!r} (prompt {g.prompt_len}) cannot be "
+                                   f"admitted into an idle cache")
+        res = ex.execute(out)
+        dt = res.duration_s
+        now += dt
+        sched.update(out, res, now)
+        step += 1
+        if out.decodes:
+            batch_acc += len(out.decodes)
+            decode_steps += 1
+        w_pending += dt
+        if step % usage_every == 0 and w_pending > 0:
+            final_lens = {s.seq_id: g.final_len for g in sched.running for s in g.seqs}
+            nxt = sched.waiting[0].final_len if sched.waiting else None
+            u = policy.usage(final_lens, nxt)
+            saturated = bool(sched.waiting)
+            for c in CATEGORIES:
+                acc[c] += getattr(u, c) * w_pending
+                if saturated:
+                    acc_sat[c] += getattr(u, c) * w_pending
+            w_total += w_pending
+            if saturated:
+                w_sat += w_pending
+            if sharing_run and paged:
+                used_blocks_acc += policy.blocks_in_use() * w_pending
+                unshared = 0
+                for g in sched.running:
+                    for s in g.seqs:
+                        unshared += -(-(len(s.token_ids) - (0 if s.prefilling else 1)) // bs)
+                unshared_acc += unshared * w_pending
+            w_pending = 0.0
+        if progress is not None and step % progress_every == 0:
+            progress(len(sched.finished) + len(sched.rejected), total_groups)
+    if progress is not None:
+        progress(len(sched.finished) + len(sched.rejected), total_groups)
+
+    fin = sched.finished
+    start = reqs[0].arrival_s if reqs else 0.0
+    makespan = max((g.finish_s for g in fin), default=start) - start
+    gen_tokens = sum(g.output_len * max(g.n, g.beam_width) for g in fin)
+    lat = [(g.finish_s - g.arrival_s) / g.output_len for g in fin]
+    total = policy.total_slots
+
+    def fractions(a: dict, w: float) -> dict[str, float] | None:
+        if w <= 0:
+            return None
+        return {c: a[c] / (total * w) for c in CATEGORIES}
+
+    return SimResult(
+        config=asdict(cfg),
+        num_requests=total_groups,
+        num_finished=len(fin),
+        num_rejected=len(sched.rejected),
+        num_steps=step,
+        sim_time_s=now,
+        throughput_tokens_per_s=gen_tokens / makespan if makespan > 0 else 0.0,
+        throughput_requests_per_s=len(fin) / makespan if makespan > 0 else 0.0,
+        normalized_latency_s_per_token=sum(lat) / len(lat) if lat else 0.0,
+        avg_batch_size=batch_acc / decode_steps if decode_steps else 0.0,
+        num_preemptions=sched.num_preemptions,
+        num_swapped_out=sched.num_swapped_out,
+        num_recomputed=sched.num_recomputed,
+        kv_usage=fractions(acc, w_total) or dict.fromkeys(CATEGORIES, 0.0),
+        kv_usage_saturated=fractions(acc_sat, w_sat),
+        memory_saving=(1.0 - used_blocks_acc / unshared_acc) if (
+            sharing_run and paged and unshared_acc > 0) else None,
+        token_slots=total,
+        extra={"blocks_read_per_decode_seq": ex.blocks_read / max(1, batch_acc)
+               if ex.block_size else None},
+    )
+
+
+def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
+                         progress: Callable[[str], None] | None = None) -> dict:
+    """The highest request rate whose mean normalized latency stays within ``factor`` x the
+    unloaded one (requests arriving so far apart that each runs alone). Bisection between 0 and
+    1.5 x the saturated throughput (all requests at t=0), ``iters`` halvings."""
+    base_cfg = _replace(cfg, request_rate=1e-4, num_requests=min(cfg.num_requests, 50))
+    base = simulate(base_cfg).normalized_latency_s_per_token
+    sat = simulate(_replace(cfg, request_rate=math.inf))
+    lo, hi = 0.0, 1.5 * sat.throughput_requests_per_s
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        r = simulate(_replace(cfg, request_rate=mid))
+        ok = r.normalized_latency_s_per_token <= factor * base
+        if progress is not None:
+            progress(f"rate {mid:.3f} req/s: {r.normalized_latency_s_per_token:.4f} s/token "
+                     f"({'ok' if ok else 'blown up'})")
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return {"max_rate_req_per_s": lo, "unloaded_latency_s_per_token": base,
+            "threshold_s_per_token": factor * base,
+            "saturated_throughput_req_per_s": sat.throughput_requests_per_s,
+            "saturated_avg_batch_size": sat.avg_batch_size}
+
+
+def _replace(cfg: SimConfig, **kw) -> SimConfig:
+    d = asdict(cfg)
+    d.update(kw)
+    return SimConfig(**d)
+
+
+def timed(cfg: SimConfig) -> tuple[SimResult, float]:
+    t0 = time.perf_counter()
+    r = simulate(cfg)
+    return r, time.perf_counter() - t0

@@ -1,0 +1,361 @@
+"""The CUDA kernels on the CPU harness (backend="cpu"): the runner CI executes.
+
+Proofs, as in issue 5:
+- placement: any physical placement of the blocks (permuted pool, NaN in free blocks and unused
+  slots, garbage in table padding) gives the same bits as the contiguous placement, v1 and v2;
+- oracle: every dtype x head size x block size x GQA ratio x ragged lengths up to several
+  thousand agrees with a float64 reference within the bound in cuda_cases.tolerance, and with
+  the package's NumPy paged_attention when it exists;
+- reshape_and_cache and copy_blocks equal minipaged.cache_ops exactly;
+- the software __half equals NumPy's float16 conversions exactly;
+- bad inputs are rejected before any launch, with messages naming the argument.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from capabilities import require
+from cuda_cases import make_case, place, reference, tolerance
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from minipaged import cache_ops
+from minipaged.cuda import cpu_build
+from minipaged.cuda import launch as cuda
+from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+
+pytestmark = pytest.mark.requires("cuda-cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    """Build (or load from the cache) the harness once for this module."""
+    try:
+        return cpu_build.load()
+    except cpu_build.CompilerNotFoundError as e:
+        require("cuda-cpu", why=str(e))
+    # a BuildError propagates: sources that do not compile are a failure, never a skip
+
+
+def _numpy_oracle():
+    """The package's NumPy paged_attention, once that module provides it."""
+    if importlib.util.find_spec("minipaged.paged_attention") is None:
+        return None
+    try:
+        from minipaged.paged_attention import paged_attention
+    except ImportError:
+        return None
+    return paged_attention
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracle matrix
+
+lens_strategy = st.lists(
+    st.one_of(st.integers(1, 64), st.integers(65, 700), st.integers(701, 4200)),
+    min_size=1, max_size=3)
+
+
+@settings(max_examples=14, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(list(DTYPES)), head_size=st.sampled_from(HEAD_SIZES),
+       block_size=st.sampled_from(BLOCK_SIZES), num_kv_heads=st.sampled_from([1, 2, 4]),
+       group=st.sampled_from([1, 2, 4]), lens=lens_strategy, seed=st.integers(0, 2**16))
+@example(dtype="float16", head_size=128, block_size=16, num_kv_heads=2, group=4,
+         lens=[1, 4097, 513], seed=1)
+@example(dtype="float32", head_size=64, block_size=8, num_kv_heads=1, group=4,
+         lens=[2500, 17], seed=2)
+def test_matches_reference(dtype, head_size, block_size, num_kv_heads, group, lens, seed):
+    case = make_case(seed, dtype=dtype, num_heads=num_kv_heads * group,
+                     num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
+                     lens=lens)
+    kc, vc, tables = place(case, seed=seed)
+    ref = reference(case)
+    tol = tolerance(dtype, ref)
+    outs = {}
+    for version in (1, 2):
+        out = cuda.paged_attention(case.q, kc, vc, tables, case.seq_lens, version=version)
+        assert out.dtype == case.q.dtype and out.shape == case.q.shape
+        err = np.abs(out.astype(np.float64) - ref)
+        assert (err <= tol).all(), f"v{version}: max error {err.max():.3g} beyond tolerance"
+        outs[version] = out
+    # v1 and v2 differ only in summation order: each within the bound of the reference, and
+    # within twice the bound of each other
+    assert (np.abs(outs[1].astype(np.float64) - outs[2]) <= 2 * tol).all()
+    oracle = _numpy_oracle()
+    if oracle is not None:  # the package's NumPy paged attention, same placement
+        expected = oracle(case.q, kc, vc, tables, case.seq_lens).astype(np.float64)
+        # both are within `tol` of the float64 reference
+        assert (np.abs(outs[1] - expected) <= 2 * tolerance(dtype, expected)).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Placement invariance: bit for bit
+
+
+@settings(max_examples=10)
+@given(dtype=st.sampled_from(list(DTYPES)), head_size=st.sampled_from(HEAD_SIZES),
+       block_size=st.sampled_from(BLOCK_SIZES), num_kv_heads=st.sampled_from([1, 2]),
+       group=st.sampled_from([1, 4]),
+       lens=st.lists(st.integers(1, 1300), min_size=1, max_size=4),
+       seed=st.integers(0, 2**16), version=st.sampled_from([1, 2]))
+def test_placement_does_not_change_a_bit(dtype, head_size, block_size, num_kv_heads, group,
+                                         lens, seed, version):
+    case = make_case(seed, dtype=dtype, num_heads=num_kv_heads * group,
+                     num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
+                     lens=lens)
+    contiguous = cuda.paged_attention(case.q, *place(case), case.seq_lens, version=version)
+    for placement_seed in (seed + 1, seed + 2):
+        scattered = cuda.paged_attention(case.q, *place(case, seed=placement_seed),
+                                         case.seq_lens, version=version)
+        assert np.array_equal(contiguous, scattered)
+    assert np.isfinite(contiguous).all()  # the NaN garbage was never read
+
+
+def test_permuting_the_pool_and_rewriting_tables_changes_nothing():
+    case = make_case(7, dtype="float16", num_heads=4, num_kv_heads=2, head_size=64,
+                     block_size=8, lens=[100, 33, 1])
+    kc, vc, tables = place(case, seed=11)
+    before = cuda.paged_attention(case.q, kc, vc, tables, case.seq_lens, version=2)
+    perm = np.random.default_rng(0).permutation(kc.shape[0])  # new home of block b: perm[b]
+    kc2, vc2 = np.empty_like(kc), np.empty_like(vc)
+    kc2[perm], vc2[perm] = kc, vc
+    valid = (tables >= 0) & (tables < kc.shape[0])
+    tables2 = np.where(valid, perm[np.clip(tables, 0, kc.shape[0] - 1)], tables).astype(np.int32)
+    after = cuda.paged_attention(case.q, kc2, vc2, tables2, case.seq_lens, version=2)
+    assert np.array_equal(before, after)
+
+
+def test_scale_is_applied():
+    case = make_case(3, dtype="float32", num_heads=2, num_kv_heads=1, head_size=64,
+                     block_size=16, lens=[50])
+    out = cuda.paged_attention(case.q, *place(case), case.seq_lens, scale=0.3)
+    ref = reference(case, scale=0.3)
+    assert (np.abs(out - ref) <= tolerance("float32", ref)).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache kernels: exact against minipaged.cache_ops
+
+
+@settings(max_examples=15)
+@given(dtype=st.sampled_from(list(DTYPES)), block_size=st.sampled_from([1, 8, 16]),
+       num_kv_heads=st.integers(1, 3), head_size=st.sampled_from([8, 64]),
+       num_blocks=st.integers(1, 6), data=st.data())
+def test_reshape_and_cache_equals_numpy(dtype, block_size, num_kv_heads, head_size, num_blocks,
+                                        data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    n_slots = num_blocks * block_size
+    t = data.draw(st.integers(0, n_slots + 3))
+    live = rng.permutation(n_slots)[: min(t, n_slots)]
+    slots = np.concatenate([live, -rng.integers(1, 5, t - live.size)])
+    slots = rng.permutation(slots).astype(data.draw(st.sampled_from([np.int32, np.int64])))
+    key = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
+    value = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
+    shape = (num_blocks, num_kv_heads, block_size, head_size)
+    kc = rng.standard_normal(shape).astype(dtype)
+    vc = rng.standard_normal(shape).astype(dtype)
+    kc2, vc2 = kc.copy(), vc.copy()
+    cuda.reshape_and_cache(key, value, kc, vc, slots)
+    cache_ops.reshape_and_cache(key, value, kc2, vc2, slots)
+    assert np.array_equal(kc, kc2) and np.array_equal(vc, vc2)
+
+
+@settings(max_examples=15)
+@given(dtype=st.sampled_from(list(DTYPES)), num_blocks=st.integers(2, 12), data=st.data())
+def test_copy_blocks_equals_numpy(dtype, num_blocks, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    ids = rng.permutation(num_blocks)
+    n = data.draw(st.integers(0, num_blocks // 2))
+    pairs = [(int(ids[i]), int(ids[n + i])) for i in range(n)]  # disjoint sources and targets
+    shape = (num_blocks, 2, 16, 64)
+    kc = rng.standard_normal(shape).astype(dtype)
+    vc = rng.standard_normal(shape).astype(dtype)
+    kc2, vc2 = kc.copy(), vc.copy()
+    mapping = pairs if data.draw(st.booleans()) else np.array(pairs, np.int64).reshape(-1, 2)
+    cuda.copy_blocks(kc, vc, mapping)
+    cache_ops.copy_blocks(kc2, vc2, np.array(pairs, np.int64).reshape(-1, 2))
+    assert np.array_equal(kc, kc2) and np.array_equal(vc, vc2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The emulated __half
+
+
+def test_half_to_float_is_exact_for_every_half(library):
+    bits = np.arange(2**16, dtype=np.uint16)
+    out = np.empty(bits.size, np.float32)
+    library.mp_half_to_float(bits.ctypes.data, out.ctypes.data, bits.size)
+    expected = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+
+
+def test_float_to_half_rounds_like_numpy(library):
+    rng = np.random.default_rng(0)
+    halves = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    halves = halves[np.isfinite(halves)]
+    # every half, the midpoints between neighbours (ties to even), values just either side,
+    # random floats over the whole range, overflow and underflow edges
+    mids = ((halves[:-1].astype(np.float64) + halves[1:]) / 2).astype(np.float32)
+    near = np.concatenate([np.nextafter(mids, np.float32(np.inf)),
+                           np.nextafter(mids, np.float32(-np.inf))])
+    wide = (rng.standard_normal(200_000) * 10.0 ** rng.uniform(-9, 6, 200_000)).astype(np.float32)
+    edges = np.array([65504, 65519.99, 65520, 1e6, -1e6, 2**-24, 2**-25, 2**-26, 3e-8, 0.0, -0.0,
+                      np.inf, -np.inf], np.float32)
+    x = np.concatenate([halves, mids, near, wide, edges]).astype(np.float32)
+    out = np.empty(x.size, np.uint16)
+    library.mp_float_to_half(x.ctypes.data, out.ctypes.data, x.size)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    assert np.array_equal(out, expected)
+    nan_in = np.array([np.nan], np.float32)
+    library.mp_float_to_half(nan_in.ctypes.data, out.ctypes.data, 1)
+    assert np.isnan(out[:1].view(np.float16)[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad inputs: rejected before the launch, with the argument named
+
+
+def _good():
+    case = make_case(0, dtype="float32", num_heads=4, num_kv_heads=2, head_size=64,
+                     block_size=16, lens=[20, 5])
+    kc, vc, tables = place(case)
+    return dict(query=case.q, key_cache=kc, value_cache=vc, block_tables=tables,
+                seq_lens=case.seq_lens)
+
+
+def _with(**changes):
+    args = _good()
+    for k, fn in changes.items():
+        args[k] = fn(args[k])
+    return args
+
+
+def _set(a, index, value):
+    a = a.copy()
+    a[index] = value
+    return a
+
+
+BAD_ATTENTION = [
+    ("table entry out of range", _with(block_tables=lambda t: _set(t, (1, 0), 99)),
+     ValueError, r"block_tables\[1, 0\] = 99 is out of range \[0, NB=3\) inside seq_lens\[1\]=5"),
+    ("padding inside the length", _with(block_tables=lambda t: _set(t, (0, 1), -1)),
+     ValueError, r"block_tables\[0, 1\] = -1"),
+    ("seq_len beyond the table", _with(seq_lens=lambda s: _set(s, 1, 33)),
+     ValueError, r"seq_lens\[1\] = 33 does not fit"),
+    ("seq_len zero", _with(seq_lens=lambda s: _set(s, 0, 0)), ValueError, r"seq_lens\[0\] = 0"),
+    ("int64 tables", _with(block_tables=lambda t: t.astype(np.int64)), TypeError,
+     r"block_tables.dtype is int64; expected int32"),
+    ("float tables", _with(block_tables=lambda t: t.astype(np.float32)), TypeError,
+     r"block_tables.dtype is float32"),
+    ("float64 query", _with(query=lambda q: q.astype(np.float64)), TypeError,
+     r"query.dtype is float64"),
+    ("dtype mismatch", _with(key_cache=lambda k: k.astype(np.float16)), TypeError,
+     r"key_cache.dtype is float16 but query.dtype is float32"),
+    ("heads not a multiple", _with(query=lambda q: np.zeros((2, 3, 64), np.float32)),
+     ValueError, r"H=3 heads, not a multiple of the caches' Hkv=2"),
+    ("head size mismatch", _with(query=lambda q: np.zeros((2, 4, 128), np.float32)),
+     ValueError, r"key_cache head size .* is 64 but query's is 128"),
+    ("unsupported block size", _with(key_cache=lambda k: np.zeros((3, 2, 4, 64), np.float32),
+                                     value_cache=lambda v: np.zeros((3, 2, 4, 64), np.float32)),
+     ValueError, r"block size BS=4"),
+    ("non-contiguous query", _with(query=lambda q: np.zeros((2, 4, 128), np.float32)[:, :, ::2]),
+     ValueError, r"query is not C-contiguous"),
+    ("wrong ndim", _with(seq_lens=lambda s: s.reshape(2, 1)), ValueError,
+     r"seq_lens has shape \(2, 1\); expected 1 dimensions"),
+    ("rows of tables", _with(block_tables=lambda t: t[:1]), ValueError,
+     r"block_tables has 1 rows; expected S=2"),
+    ("not numpy", _with(query=lambda q: q.tolist()), TypeError, r"query is a list"),
+]
+
+
+@pytest.mark.parametrize("args,exc,msg", [c[1:] for c in BAD_ATTENTION],
+                         ids=[c[0] for c in BAD_ATTENTION])
+def test_bad_attention_inputs(args, exc, msg):
+    with pytest.raises(exc, match=msg):
+        cuda.paged_attention(**args)
+
+
+def test_bad_attention_options():
+    with pytest.raises(ValueError, match=r"version=3"):
+        cuda.paged_attention(**_good(), version=3)
+    with pytest.raises(ValueError, match=r"backend='tpu'"):
+        cuda.paged_attention(**_good(), backend="tpu")
+    with pytest.raises(ValueError, match=r"scale=nan"):
+        cuda.paged_attention(**_good(), scale=float("nan"))
+    # NumPy arrays on the GPU backend are refused before CuPy is even imported
+    with pytest.raises(TypeError, match=r"query is a NumPy array; backend='cupy'"):
+        cuda.paged_attention(**_good(), backend="cupy")
+
+
+def test_bad_cache_inputs():
+    kc = np.zeros((2, 1, 4, 8), np.float32)
+    vc = np.zeros_like(kc)
+    key = np.ones((3, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 8 is out of range"):
+        cuda.reshape_and_cache(key, key, kc, vc, np.array([0, 8, -1]))
+    with pytest.raises(ValueError, match=r"names one slot twice"):
+        cuda.reshape_and_cache(key, key, kc, vc, np.array([3, 3, -1]))
+    with pytest.raises(TypeError, match=r"slot_mapping.dtype is float64"):
+        cuda.reshape_and_cache(key, key, kc, vc, np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"key.dtype is float16"):
+        cuda.reshape_and_cache(key.astype(np.float16), key, kc, vc, np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"expected \[T, Hkv=1, D=8\]"):
+        cuda.reshape_and_cache(np.ones((3, 2, 8), np.float32), np.ones((3, 2, 8), np.float32),
+                               kc, vc, np.array([0, 1, 2]))
+    kc_ro = kc.copy()
+    kc_ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"key_cache is read-only"):
+        cuda.reshape_and_cache(key, key, kc_ro, vc, np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"block_mapping\[0, 1\] = 2 is out of range"):
+        cuda.copy_blocks(kc, vc, [(0, 2)])
+    with pytest.raises(ValueError, match=r"block 0 both as a source and as a destination"):
+        cuda.copy_blocks(kc, vc, [(0, 1), (1, 0)])
+    with pytest.raises(TypeError, match=r"block_mapping\[0\] = \(0.5, 1\)"):
+        cuda.copy_blocks(kc, vc, [(0.5, 1)])
+    with pytest.raises(ValueError, match=r"writes one destination block twice"):
+        cuda.copy_blocks(np.zeros((3, 1, 4, 8), np.float32), np.zeros((3, 1, 4, 8), np.float32),
+                         [(0, 2), (1, 2)])
+    # nothing was written by any rejected call
+    assert not kc.any() and not vc.any()
+
+
+def test_empty_calls_are_no_ops():
+    kc = np.zeros((2, 1, 4, 8), np.float32)
+    vc = np.zeros_like(kc)
+    cuda.reshape_and_cache(np.zeros((0, 1, 8), np.float32), np.zeros((0, 1, 8), np.float32),
+                           kc, vc, np.zeros(0, np.int64))
+    cuda.copy_blocks(kc, vc, [])
+    assert not kc.any()
+
+
+# ----------------------------------------------------------------------------------------------
+# The portable fiber switch (ucontext) computes the same bits as the x86-64 one
+
+
+def test_ucontext_fibers_give_the_same_bits(library):
+    import ctypes
+
+    lib_u = cpu_build.load(ucontext=True, instantiations=(("float32", 64, 16),))
+    assert lib_u.mp_fast_switch() == 0
+    case = make_case(5, dtype="float32", num_heads=4, num_kv_heads=2, head_size=64,
+                     block_size=16, lens=[300, 7])
+    kc, vc, tables = place(case, seed=1)
+    launch = cuda.check_paged_attention(case.q, kc, vc, tables, case.seq_lens, scale=None,
+                                        version=1, backend="cpu")
+    outs = []
+    for lib in (library, lib_u):
+        out = np.empty_like(case.q)
+        fn = getattr(lib, cpu_build.symbol("paged_attention", "float32", 64, 16))
+        rc = fn(1, out.ctypes.data, None, None, None, case.q.ctypes.data, kc.ctypes.data,
+                vc.ctypes.data, tables.ctypes.data, case.seq_lens.ctypes.data, 2, 4, 2,
+                tables.shape[1], 1, launch.smem, 0, ctypes.c_float(launch.scale))
+        cpu_build.check(lib, rc)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])

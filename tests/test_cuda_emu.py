@@ -1,0 +1,94 @@
+"""The CPU emulation of CUDA's execution model (minipaged/cuda/cuda_emu.h) catches kernel bugs.
+
+Each kernel in minipaged/cuda/broken_kernels.cu has one bug that would hang or corrupt a real
+GPU. The harness must report it as a KernelError naming the kind of bug and the call site,
+never hang and never crash; and the correct kernel (which = 0) must compute the right sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from capabilities import require
+
+from minipaged.cuda import cpu_build
+from minipaged.cuda.cpu_build import KernelError
+
+pytestmark = pytest.mark.requires("cuda-cpu")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    try:
+        return cpu_build.load()
+    except cpu_build.CompilerNotFoundError as e:
+        require("cuda-cpu", why=str(e))
+
+
+def run(lib, which: int, threads: int = 128) -> np.ndarray:
+    out = np.zeros(2, np.float32)
+    cpu_build.check(lib, lib.mp_broken(which, threads, out.ctypes.data))
+    return out
+
+
+@pytest.mark.parametrize("threads", [32, 64, 128, 1024])
+def test_correct_kernel_sums_every_thread(lib, threads):
+    # each thread contributes tid + 1: warp shuffles, shared memory and a barrier all in play;
+    # the grid has two blocks, each writes its own total
+    assert np.array_equal(run(lib, 0, threads), [threads * (threads + 1) / 2] * 2)
+
+
+BUGS = [
+    (1, r"deadlock: thread \d+ waits at __syncthreads\(\) at broken_kernels.cu:\d+ while thread "
+        r"\d+ waits at broken_kernels.cu:\d+ \(threads waiting at different barriers\)"),
+    (2, r"divergent shuffle in warp 0: lane 16 is at broken_kernels.cu:\d+ while lane 15 waits "
+        r"at broken_kernels.cu:\d+"),
+    (3, r"thread 127 exited while thread \d+ waits at __syncthreads\(\)"),
+    (4, r"deadlock: no thread can proceed; 112 thread\(s\) wait at __syncthreads\(\) .*"
+        r"16 thread\(s\) wait at a shuffle at broken_kernels.cu:\d+ \(threads 48..63\)"),
+    (5, r"thread 0: shuffle at broken_kernels.cu:\d+ with mask 0xffff; the emulation supports "
+        r"only full-warp shuffles"),
+    (6, r"thread 0 (exited while thread \d+ waits at|.*has already exited)"),
+    (7, r"lane 31 of warp 0 exited while lane \d+ waits at the shuffle"),
+]
+
+
+@pytest.mark.parametrize("which,message", BUGS, ids=[f"bug{b[0]}" for b in BUGS])
+def test_bug_is_reported_not_hung(lib, which, message):
+    with pytest.raises(KernelError, match=r"^block \(0,0,0\): " + message):
+        run(lib, which)
+    # the harness is usable again after a failed launch
+    assert run(lib, 0)[0] == 128 * 129 / 2
+
+
+def test_too_many_threads_is_an_error(lib):
+    with pytest.raises(KernelError, match=r"blockDim has 1025 threads; CUDA allows 1 to 1024"):
+        run(lib, 0, 1025)
+
+
+def test_trace_records_which_warp_reads_which_block(lib):
+    # lesson 08 prints this trace: warps take logical KV blocks in turn (warp w: w, w+4, ...)
+    from minipaged.cuda import launch
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 1, 64)).astype(np.float32)
+    kc = rng.standard_normal((10, 1, 16, 64)).astype(np.float32)
+    tables = rng.permutation(10)[None, :].astype(np.int32)
+    lens = np.array([150], np.int32)  # 10 logical blocks
+    lib.mp_trace_start(10_000)
+    try:
+        launch.paged_attention(q, kc, kc, tables, lens)
+        events = []
+        ints = (cpu_build.ctypes.c_int * 5)()
+        value = cpu_build.ctypes.c_longlong()
+        what = cpu_build.ctypes.c_char_p()
+        for i in range(lib.mp_trace_count()):
+            lib.mp_trace_get(i, ints, cpu_build.ctypes.byref(value), cpu_build.ctypes.byref(what))
+            events.append((ints[3], value.value, what.value.decode()))
+    finally:
+        lib.mp_trace_start(0)
+    reads = {}
+    for thread, block, what in events:
+        assert what == "warp reads K of logical block"
+        reads.setdefault(thread // 32, set()).add(block)
+    assert reads == {w: set(range(w, 10, 4)) for w in range(4)}

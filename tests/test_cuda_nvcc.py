@@ -1,0 +1,68 @@
+"""Every kernel instantiation compiles to PTX with nvcc for sm_80 (A100) and sm_90 (H100/H200).
+
+Compile only (no GPU needed). One nvcc run per target instantiates every kernel at once
+(cpu_build.nvcc_source()); the runs go in parallel. A third run compiles the branch of
+common.cuh that NVRTC (CuPy) takes, with its own two-instruction __half, so that the GPU
+runner's source is checked here too.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from minipaged.cuda import cpu_build
+
+pytestmark = pytest.mark.requires("nvcc")
+
+TARGETS = [("sm_80", []), ("sm_90", []), ("sm_90", ["-DMP_OWN_HALF"])]
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    """{(arch, extra flags): (returncode, stderr, ptx text)}, compiled in parallel."""
+    tmp = tmp_path_factory.mktemp("ptx")
+    src = tmp / "every_kernel.cu"
+    src.write_text(cpu_build.nvcc_source())
+    nvcc = shutil.which("nvcc")
+    procs = {}
+    t0 = time.perf_counter()
+    for arch, extra in TARGETS:
+        out = tmp / f"{arch}{''.join(extra)}.ptx"
+        cmd = [nvcc, "-ptx", f"-arch={arch}", "-std=c++17", *extra, "-I",
+               str(cpu_build.CUDA_DIR), str(src), "-o", str(out)]
+        procs[(arch, tuple(extra))] = (out, subprocess.Popen(cmd, stderr=subprocess.PIPE,
+                                                             text=True))
+    results = {}
+    for key, (out, proc) in procs.items():
+        _, err = proc.communicate()
+        results[key] = (proc.returncode, err, out.read_text() if out.exists() else "")
+    print(f"nvcc -ptx, {len(TARGETS)} targets in parallel: {time.perf_counter() - t0:.1f} s")
+    return results
+
+
+@pytest.mark.parametrize("arch,extra", TARGETS,
+                         ids=[a + ("-own-half" if e else "") for a, e in TARGETS])
+def test_every_instantiation_compiles(ptx, arch, extra):
+    rc, err, text = ptx[(arch, tuple(extra))]
+    assert rc == 0, f"nvcc -arch={arch} {' '.join(extra)} failed:\n{err[-4000:]}"
+    assert f".target {arch}" in text
+    entries = re.findall(r"\.entry\s+(\w+)\(", text)
+    names = cpu_build.kernel_names()
+    assert len(entries) == len(names)
+    # every template instantiation is there: kernel name and its numeric template arguments
+    for name in names:
+        base = name.split("<")[0].split("::")[1]
+        numbers = re.findall(r"\b\d+\b", name.split("<", 1)[1])
+        mangled = "".join(f"Li{n}E" for n in numbers)
+        assert any(base in e and mangled in e for e in entries), f"{name} missing from PTX"
+
+
+def test_no_kernel_spills_to_local_memory(ptx):
+    # a spill would mean per-thread arrays (acc[], the dot products) left registers: slow
+    _, _, text = ptx[("sm_90", ())]
+    assert ".local" not in text

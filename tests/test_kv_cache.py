@@ -1,0 +1,113 @@
+"""KVCacheManager basics: block tables grow on demand, slot mapping, usage accounting, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minipaged.block_allocator import OutOfBlocksError
+from minipaged.kv_cache import KVCacheManager
+
+
+def test_tables_grow_one_block_at_a_time():
+    m = KVCacheManager(num_blocks=8, block_size=4)
+    assert m.allocate("a", [1, 2, 3]) == 0
+    assert m.block_table("a") == [0]
+    slots = [m.append_slot("a", 9)]  # position 3 still fits in block 0
+    assert m.block_table("a") == [0]
+    slots.append(m.append_slot("a", 9))  # position 4: block 0 is full, a new block
+    assert m.block_table("a") == [0, 1]
+    assert slots == [3, 4]
+    assert m.seq_len("a") == 5 and m.token_ids("a") == [1, 2, 3, 9, 9]
+
+
+@given(bs=st.integers(1, 16), n=st.integers(1, 100), extra=st.integers(0, 40))
+def test_slot_mapping_formula(bs, n, extra):
+    m = KVCacheManager(num_blocks=2 * 140, block_size=bs)
+    m.allocate(0, range(n))
+    m.allocate(1, range(n))  # interleave two sequences so physical blocks are scattered
+    for _ in range(extra):
+        m.append_slot(1, 0)
+        m.append_slot(0, 0)
+    table = m.block_table(0)
+    slots = m.slot_mapping(0, 0, n + extra)
+    assert slots.dtype == np.int64
+    assert slots.tolist() == [table[p // bs] * bs + p % bs for p in range(n + extra)]
+    assert len(table) == -(-(n + extra) // bs)
+
+
+def test_block_tables_padded_int32():
+    m = KVCacheManager(num_blocks=8, block_size=2)
+    m.allocate("a", range(5))
+    m.allocate("b", range(1))
+    t = m.block_tables(["a", "b"])
+    assert t.dtype == np.int32 and t.tolist() == [[0, 1, 2], [3, -1, -1]]
+    assert m.block_tables(["b"], pad=0).tolist() == [[3]]
+
+
+def test_out_of_blocks_says_needed_and_free_and_changes_nothing():
+    m = KVCacheManager(num_blocks=3, block_size=4)
+    m.allocate("a", range(8))
+    with pytest.raises(OutOfBlocksError) as e:
+        m.allocate("b", range(9))
+    assert (e.value.needed, e.value.free) == (3, 1)
+    assert "needed 3" in str(e.value) and "1 free" in str(e.value)
+    assert m.seq_ids == ["a"] and m.num_free_blocks == 1
+    assert not m.can_allocate(9) and m.can_allocate(4)
+    m.allocate("c", range(4))
+    with pytest.raises(OutOfBlocksError):
+        m.append_slot("a", 1)  # "a" ends exactly at a block boundary: needs a new block
+    assert m.seq_len("a") == 8 and m.block_table("a") == [0, 1]
+
+
+def test_usage_categories_paged():
+    m = KVCacheManager(num_blocks=10, block_size=4)
+    m.allocate("a", range(5))  # 2 blocks, 5 tokens, 3 unfilled slots
+    m.allocate("b", range(4))  # 1 full block
+    u = m.usage()
+    assert (u.total, u.token, u.reserved, u.internal_fragmentation, u.free) == (40, 9, 0, 3, 28)
+    u = m.usage({"a": 7, "b": 4})  # "a" will grow to 7: 2 of its 3 unfilled slots are reserved
+    assert (u.token, u.reserved, u.internal_fragmentation) == (9, 2, 1)
+    assert u.external_fragmentation == 0  # any free block serves any sequence
+
+
+def test_freeing_everything_refills_the_pool():
+    m = KVCacheManager(num_blocks=6, block_size=3)
+    for s in range(3):
+        m.allocate(s, range(5))
+    for s in range(3):
+        m.free(s)
+    assert m.num_free_blocks == 6 and m.seq_ids == []
+    m.check_invariants()
+
+
+def test_bad_inputs():
+    m = KVCacheManager(num_blocks=4, block_size=2)
+    m.allocate("a", [1, 2, 3])
+    with pytest.raises(ValueError, match="block_size=0"):
+        KVCacheManager(4, 0)
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        KVCacheManager(0, 16)
+    with pytest.raises(ValueError, match="seq_id='a' is already allocated"):
+        m.allocate("a", [1])
+    with pytest.raises(ValueError, match="token_ids is empty"):
+        m.allocate("b", [])
+    with pytest.raises(TypeError, match="integer token ids"):
+        m.allocate("b", [1.5, 2.0])
+    with pytest.raises(TypeError, match="token_id=1.5"):
+        m.append_slot("a", 1.5)
+    with pytest.raises(KeyError, match="seq_id='zz' is not allocated"):
+        m.append_slot("zz", 1)
+    with pytest.raises(KeyError, match="seq_id='zz'"):
+        m.free("zz")
+    with pytest.raises(ValueError, match=r"end=5 is out of range \[0, 4\)"):
+        m.slot_mapping("a", 0, 5)
+    with pytest.raises(ValueError, match=r"end=1 is out of range \[2, 4\)"):
+        m.slot_mapping("a", 2, 1)
+    with pytest.raises(ValueError, match="num_tokens=0"):
+        m.can_allocate(0)
+    m.free("a")
+    with pytest.raises(KeyError):
+        m.free("a")  # double free of a sequence

@@ -1,0 +1,156 @@
+"""Stateful test of KVCacheManager (allocate / append_slot / free) with real K/V written.
+
+A Hypothesis RuleBasedStateMachine drives a manager and a NumPy paged cache side by side with a
+plain dense model: for each live sequence, the list of K/V rows written for it, in order.
+Invariants checked after every step (in prose, then in code below):
+
+    I1  no physical block appears in two live sequences' tables (there is no sharing here), nor
+        twice in one table;
+    I2  free blocks + blocks in use = num_blocks;
+    I3  every block's reference count equals the number of table entries pointing at it;
+    I4  each block table has exactly ceil(len / block_size) entries;
+    I5  every live sequence's K/V, read back through its block table, equals exactly what was
+        written for it: so no operation on one sequence ever changed another's K/V;
+    I6  OutOfBlocksError leaves the manager exactly as it was, and says needed > free;
+    I7  freeing every sequence returns the pool to full.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from minipaged.block_allocator import OutOfBlocksError
+from minipaged.cache_ops import reshape_and_cache
+from minipaged.kv_cache import KVCacheManager
+
+
+def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, table: list[int],
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logical K/V [T, Hkv, D] of one sequence, read slot by slot (an obvious oracle)."""
+    bs = key_cache.shape[2]
+    k = np.stack([key_cache[table[p // bs], :, p % bs, :] for p in range(seq_len)])
+    v = np.stack([value_cache[table[p // bs], :, p % bs, :] for p in range(seq_len)])
+    return k, v
+
+
+def snapshot(mgr: KVCacheManager) -> tuple:
+    """Everything observable about a manager, to check that a failed call changed nothing."""
+    seqs = sorted(mgr.seq_ids, key=repr)
+    return (
+        {s: mgr.token_ids(s) for s in seqs},
+        {s: mgr.block_table(s) for s in seqs if not mgr.is_swapped(s)},
+        {s: mgr.cpu_block_table(s) for s in seqs if mgr.is_swapped(s)},
+        mgr.num_free_blocks,
+        [mgr.ref_count(b) for b in range(mgr.num_blocks)],
+    )
+
+
+class PagedCacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    @initialize(num_blocks=st.integers(1, 16), block_size=st.sampled_from([1, 2, 3, 4, 8]),
+                hkv=st.integers(1, 2), d=st.sampled_from([1, 4]))
+    def setup(self, num_blocks: int, block_size: int, hkv: int, d: int) -> None:
+        self.mgr = KVCacheManager(num_blocks, block_size)
+        shape = (num_blocks, hkv, block_size, d)  # [NB, Hkv, BS, D]
+        # NaN in every slot never written: reading one would poison the comparison.
+        self.kc = np.full(shape, np.nan, dtype=np.float32)
+        self.vc = np.full(shape, np.nan, dtype=np.float32)
+        self.model: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self.next_id = 0
+
+    def _fresh_kv(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.writes)
+        self.writes += 1
+        shape = (t, self.kc.shape[1], self.kc.shape[3])  # [T, Hkv, D]
+        return (rng.standard_normal(shape).astype(np.float32),
+                rng.standard_normal(shape).astype(np.float32))
+
+    @rule(n=st.integers(1, 20))
+    def allocate(self, n: int) -> None:
+        sid = self.next_id
+        self.next_id += 1
+        before = snapshot(self.mgr)
+        try:
+            computed = self.mgr.allocate(sid, list(range(n)))
+        except OutOfBlocksError as e:
+            assert e.needed > e.free == self.mgr.num_free_blocks  # I6
+            assert snapshot(self.mgr) == before
+            return
+        assert computed == 0  # no prefix caching: nothing is ever already computed
+        k, v = self._fresh_kv(n)
+        reshape_and_cache(k, v, self.kc, self.vc, self.mgr.slot_mapping(sid, 0, n))
+        self.model[sid] = (list(k), list(v))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def append(self, data: st.DataObject) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.model)))
+        before = snapshot(self.mgr)
+        try:
+            slot = self.mgr.append_slot(sid, 7)
+        except OutOfBlocksError as e:
+            assert e.needed > e.free == self.mgr.num_free_blocks  # I6
+            assert snapshot(self.mgr) == before
+            return
+        n = self.mgr.seq_len(sid)
+        assert slot == self.mgr.slot_mapping(sid, n - 1, n)[0]
+        k, v = self._fresh_kv(1)
+        reshape_and_cache(k, v, self.kc, self.vc, np.array([slot]))
+        self.model[sid][0].append(k[0])
+        self.model[sid][1].append(v[0])
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.model)))
+        self.mgr.free(sid)
+        del self.model[sid]
+
+    @invariant()
+    def blocks_are_consistent(self) -> None:
+        if not hasattr(self, "mgr"):
+            return
+        mgr, bs = self.mgr, self.mgr.block_size
+        owner: dict[int, int] = {}
+        for sid in self.model:
+            table = mgr.block_table(sid)
+            assert len(table) == -(-mgr.seq_len(sid) // bs)  # I4
+            for b in table:
+                assert b not in owner, f"block {b} in seq {owner.get(b)} and seq {sid}"  # I1
+                owner[b] = sid
+        assert mgr.num_free_blocks + len(owner) == mgr.num_blocks  # I2
+        for b in range(mgr.num_blocks):
+            assert mgr.ref_count(b) == (1 if b in owner else 0)  # I3
+        mgr.check_invariants()
+
+    @invariant()
+    def kv_is_what_was_written(self) -> None:
+        if not hasattr(self, "mgr"):
+            return
+        for sid, (ks, vs) in self.model.items():  # I5
+            k, v = gather_kv(self.kc, self.vc, self.mgr.block_table(sid), self.mgr.seq_len(sid))
+            assert np.array_equal(k, np.stack(ks)) and np.array_equal(v, np.stack(vs))
+
+    def teardown(self) -> None:
+        if not hasattr(self, "mgr"):
+            return
+        for sid in list(self.model):
+            self.mgr.free(sid)
+        assert self.mgr.num_free_blocks == self.mgr.num_blocks  # I7
+        self.mgr.check_invariants()
+
+
+PagedCacheMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30)
+TestPagedCache = PagedCacheMachine.TestCase

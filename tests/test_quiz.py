@@ -1,0 +1,178 @@
+"""The interview drills and the glossary.
+
+What is promised, and tested here:
+- the seed question and its three follow-ups keep their Chinese wording beside an English one,
+  and at least ten more interviewer questions follow;
+- every answer is computed by the package when it is shown (a patched package function changes
+  the printed figure), lists commands that reproduce it, and carries a verdict where it checks
+  a claim of the seed;
+- ``--answers`` prints everything; a non-terminal never waits for a key; in a terminal a key
+  reveals each answer and ``q`` quits;
+- the glossary names every key term in English and Chinese.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from minipaged import drills, glossary, quiz
+from minipaged.drills import DRILLS
+from minipaged.quiz import Context, answer_renderable, run_quiz, select
+
+ROOT = Path(__file__).resolve().parent.parent
+CJK = re.compile(r"[\u4e00-\u9fff]")
+SMALL = Context(num_requests=30, seed=0)   # small simulations: the answers' shape, not figures
+
+
+def _cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="120", TERM="dumb")
+    return subprocess.run([sys.executable, "-m", "minipaged", "quiz", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+def _text(renderable) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_drill_inventory():
+    keys = [d.key for d in DRILLS]
+    assert len(set(keys)) == len(keys)
+    assert keys[:4] == ["seed", "follow-up-1", "follow-up-2", "follow-up-3"]
+    assert sum(d.source.startswith("seed pitfall") for d in DRILLS) >= 3
+    assert sum(d.source == "interviewer" for d in DRILLS) >= 10
+    for d in DRILLS:
+        assert CJK.search(d.zh), f"{d.key}: the Chinese wording is missing"
+        assert d.en.strip() and not CJK.search(d.en), f"{d.key}: English wording"
+
+
+def test_seed_wording_is_kept():
+    seeds = sorted((ROOT.parent / "shared" / "seeds").glob("*.txt"))
+    if not seeds:
+        pytest.skip("the seed text is not beside this checkout")
+    seed = seeds[0].read_text(encoding="utf-8")
+    for d in DRILLS[1:4]:
+        assert d.zh in seed, f"{d.key} must quote the seed's follow-up verbatim"
+    assert "vLLM PagedAttention 原理" in seed
+
+
+@pytest.mark.parametrize("drill", DRILLS, ids=[d.key for d in DRILLS])
+def test_every_answer_measures_and_says_how(drill):
+    a = drill.answer(SMALL)
+    assert a.text.strip()
+    assert a.commands, f"{drill.key}: no command to reproduce the answer"
+    for cmd in a.commands:
+        assert cmd.startswith(("minipaged ", "python ", "less ")), cmd
+    if drill.source != "seed pitfall 3":
+        assert a.figures, f"{drill.key}: no measured figure"
+    for _claim, verdict, why in a.verdicts:
+        assert verdict in ("holds", "off", "unsupported") and why
+    text = _text(answer_renderable(a))
+    assert "Traceback" not in text
+
+
+def test_seed_errors_are_called_out():
+    by_key = {d.key: d for d in DRILLS}
+    for key in ("follow-up-1", "follow-up-2", "refcount-cap", "no-replacement"):
+        verdicts = [v for _c, v, _w in by_key[key].answer(SMALL).verdicts]
+        assert "off" in verdicts, key
+
+
+def test_figures_come_from_the_package(monkeypatch):
+    """Patch the calculator and the manager: the printed figures must follow."""
+    from minipaged.sim import memory
+
+    def fake_table_bytes(context_len, block_size, *, entry_bytes=4):
+        return 12345 * entry_bytes
+
+    monkeypatch.setattr(memory, "block_table_bytes", fake_table_bytes)
+    figs = dict(drills._answer_follow_up_1(SMALL).figures)
+    assert figs["block table, 128K tokens, BS 16, int32"] == quiz.nbytes(12345 * 4)
+
+    from minipaged import kv_cache
+
+    real = kv_cache.KVCacheManager.ref_count
+    monkeypatch.setattr(kv_cache.KVCacheManager, "ref_count",
+                        lambda self, b: real(self, b) + 1000)
+    figs = dict(drills._answer_refcount_cap(SMALL).figures)
+    assert figs["reference count of a block after 100 forks"] == "1101"
+
+
+def test_simulations_are_shared_between_drills(monkeypatch):
+    ctx = Context(num_requests=20)
+    calls = []
+    import minipaged.sim.simulator as simulator
+
+    real = simulator.simulate
+    monkeypatch.setattr(simulator, "simulate", lambda cfg, **kw: calls.append(cfg) or real(cfg))
+    ctx.sim(policy="paged")
+    ctx.sim(policy="paged")
+    assert len(calls) == 1
+    assert ctx.sim_command(policy="paged", block_size=32).startswith(
+        "minipaged simulate --workload sharegpt --policy paged --num-requests 20 --seed 0")
+
+
+def test_interactive_reveal_and_quit(monkeypatch):
+    keys = iter([" ", "q"])     # reveal the first answer, then quit at "next"
+    prompts = []
+
+    def fake_key(prompt):
+        prompts.append(prompt)
+        return next(keys)
+
+    monkeypatch.setattr(quiz, "_wait_key", fake_key)
+    console = Console(record=True, width=120, color_system=None)
+    chosen = select(list(DRILLS), ["refcount-cap", "gqa", "x-packing"])
+    assert run_quiz(chosen, SMALL, answers=False, interactive=True, console=console) == 0
+    out = console.export_text()
+    assert "reference count of a block after 100 forks" in out      # first answer revealed
+    assert "Llama-3-8B KV per token" not in out                      # quit before the second
+    assert len(prompts) == 2
+
+
+def test_select_by_number_and_key_and_reject_unknown():
+    assert select(list(DRILLS), ["1", "gqa"])[0].key == "seed"
+    with pytest.raises(ValueError, match="names no drill"):
+        select(list(DRILLS), ["nope"])
+    with pytest.raises(ValueError, match="num_requests"):
+        Context(num_requests=0)
+
+
+def test_cli_answers_worksheet_and_errors():
+    out = _cli("--answers", "--num-requests", "25")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for d in DRILLS:
+        assert d.en.split()[0] in out.stdout
+    assert out.stdout.count("reproduce:") == len(DRILLS)
+    assert "[OFF]" in out.stdout
+    sheet = _cli()                                  # not a terminal: questions, no waiting
+    assert sheet.returncode == 0
+    assert "measured now" not in sheet.stdout and "--answers" in sheet.stdout
+    bad = _cli("--only", "nope")
+    assert bad.returncode == 2 and "names no drill" in bad.stdout
+
+
+def test_glossary_names_every_key_term_in_both_languages():
+    required = ["block table", "block size", "logical block", "physical block", "slot",
+                "slot mapping", "token position", "reference count", "fork", "copy-on-write",
+                "prefix caching", "preemption", "swap", "recompute", "internal fragmentation",
+                "external fragmentation", "reserved", "KV cache", "PagedAttention"]
+    for word in required:
+        term = glossary.lookup(word)
+        assert CJK.search(term.zh), word
+        assert glossary.lookup(term.zh) == term
+    assert glossary.lookup("块表").en == "block table"
+    with pytest.raises(KeyError):
+        glossary.lookup("not a term")
+    assert len({t.en for t in glossary.GLOSSARY}) == len(glossary.GLOSSARY)
+    table = _text(glossary.glossary_table())
+    assert "块表" in table and "block table" in table

@@ -1,0 +1,337 @@
+"""Stateful tests of sharing: fork + copy-on-write, prefix caching with eviction, swap, recompute.
+
+Two machines drive a KVCacheManager, a NumPy paged cache and a CPU block pool with real K/V,
+next to a dense model: the list of K/V rows each live sequence should see. Steps follow an
+engine's order: operations record the K/V writes a step would make; ``flush`` then applies the
+pending copy-on-write copies (``take_copies`` + ``copy_blocks``) and only then the writes.
+
+Invariants, checked after every step or at every flush (prose here, code below):
+    S1  the core invariants (tests/test_kv_cache_stateful.py): tables hold ceil(len / BS)
+        entries, reference counts equal the table entries pointing at a block (plus pending
+        copy sources), free + used = total; CPU reference counts equal CPU table entries;
+    S2  a block with reference count > 1 is never written (checked at every write);
+    S3  every live sequence's logical K/V equal what was written for it: paged attention over
+        the cache equals dense attention over the model, bit for bit (so no operation on one
+        sequence changed another's K/V, copies landed where they should, swaps round-trip);
+    S4  a swap-out / swap-in round trip leaves attention outputs bit-identical;
+    S5  a prefix-cache hit yields attention bit-identical to a cold run (the dense model is the
+        cold run: the K/V of a token are a function of its whole prefix, as in a real model);
+    S6  the hash table never maps to a block whose tokens differ from what was written there;
+    S7  with prefix caching, block tables are append-only while a sequence stays on the GPU;
+    S8  freeing everything returns every GPU and CPU block to free;
+    S9  OutOfBlocksError (allocate, append, swap in/out) leaves the manager unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_kv_cache_stateful import gather_kv, snapshot
+
+from minipaged.block_allocator import OutOfBlocksError
+from minipaged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.kv_cache import KVCacheManager
+from minipaged.swap import CPUBlockPool
+
+try:  # the attention engine's kernels, when present; else an obvious gather + softmax
+    from minipaged.attention import dense_attention
+    from minipaged.paged_attention import paged_attention
+except ImportError:  # pragma: no cover - only while paged_attention.py does not exist yet
+    dense_attention = paged_attention = None
+
+HKV, D, H = 2, 4, 4
+STEMS = [(), (1, 2, 3, 1, 2, 3, 1), (1, 2, 3, 1, 2, 0, 0, 2, 2, 1, 0, 3)]
+
+
+def prefix_kv(prev_key: int, token: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """K/V of a token as a function of its whole prefix (a chain key), like a real model."""
+    key = hash((prev_key, token)) & 0xFFFFFFFF
+    kv = np.random.default_rng(key).standard_normal((2, HKV, D)).astype(np.float32)
+    return key, kv[0], kv[1]
+
+
+def _fallback_attention(q, k, v):
+    """q [1, H, D], k/v [T, Hkv, D] -> [1, H, D]: plain softmax, used only until
+    minipaged.paged_attention exists; both sides of each comparison use it."""
+    kh = np.repeat(k, H // HKV, axis=1)                     # [T, H, D]
+    vh = np.repeat(v, H // HKV, axis=1)
+    s = np.einsum("hd,thd->ht", q[0], kh)                   # [H, T]
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (np.einsum("ht,thd->hd", p, vh) / p.sum(axis=1, keepdims=True))[None]
+
+
+def attention_outputs(kc, vc, mgr, seqs, q):
+    """Paged decode attention for ``seqs`` (one query row each): [S, H, D]."""
+    if paged_attention is not None:
+        tables = mgr.block_tables(seqs)
+        lens = np.array([mgr.seq_len(s) for s in seqs], dtype=np.int32)
+        return paged_attention(q, kc, vc, tables, lens, method="gather")
+    return np.concatenate([_fallback_attention(q[i:i + 1], *gather_kv(
+        kc, vc, mgr.block_table(s), mgr.seq_len(s))) for i, s in enumerate(seqs)])
+
+
+def dense_outputs(model, seqs, q):
+    """Dense attention over each sequence's model K/V: the cold-run reference, [S, H, D]."""
+    attend = dense_attention if dense_attention is not None else _fallback_attention
+    return np.concatenate([attend(q[i:i + 1], np.stack(model[s][0]), np.stack(model[s][1]))
+                           for i, s in enumerate(seqs)])
+
+
+class SharingMachine(RuleBasedStateMachine):
+    prefix_mode = False
+
+    @initialize(num_blocks=st.integers(2, 14), block_size=st.sampled_from([1, 2, 3, 4]),
+                num_cpu_blocks=st.integers(1, 10))
+    def setup(self, num_blocks, block_size, num_cpu_blocks):
+        self.mgr = KVCacheManager(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks,
+                                  enable_prefix_caching=self.prefix_mode)
+        shape = (num_blocks, HKV, block_size, D)  # [NB, Hkv, BS, D]
+        self.kc = np.full(shape, np.nan, np.float32)
+        self.vc = np.full(shape, np.nan, np.float32)
+        self.pool = CPUBlockPool(num_cpu_blocks, HKV, block_size, D, np.float32)
+        self.model: dict[int, tuple[list, list, list]] = {}  # seq -> (K rows, V rows, chain keys)
+        self.slot_tokens: dict[int, list] = {}  # block -> token id written at each offset
+        self.pending: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []
+        self.readmit: dict[int, list[int]] = {}  # recomputed seqs waiting for re-prefill
+        self.tables_seen: dict[int, list[int]] = {}
+        self.next_id = 0
+        self.writes = 0
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _kv(self, sid, token):
+        ks, vs, keys = self.model[sid]
+        if self.prefix_mode:
+            key, k, v = prefix_kv(keys[-1] if keys else 0, token)
+        else:  # unique values per write: any aliasing between sequences shows up
+            self.writes += 1
+            key = self.writes
+            k, v = np.random.default_rng(key).standard_normal((2, HKV, D)).astype(np.float32)
+        ks.append(k)
+        vs.append(v)
+        keys.append(key)
+        return k, v
+
+    def _write(self, sid, slot, token, k, v):
+        bs = self.mgr.block_size
+        block = slot // bs
+        assert self.mgr.ref_count(block) == 1, f"S2: writing block {block} shared by others"
+        assert block in self.mgr.block_table(sid)
+        reshape_and_cache(k[None], v[None], self.kc, self.vc, np.array([slot]))
+        self.slot_tokens.setdefault(block, [None] * bs)[slot % bs] = token
+
+    def flush(self):
+        copies = self.mgr.take_copies()
+        copy_blocks(self.kc, self.vc, copies)
+        for src, dst in copies:
+            self.slot_tokens[dst] = list(self.slot_tokens.get(src, [None] * self.mgr.block_size))
+        for sid, slot, token, k, v in self.pending:
+            self._write(sid, slot, token, k, v)
+        self.pending.clear()
+
+    def _gpu_seqs(self):
+        return sorted(s for s in self.model if not self.mgr.is_swapped(s))
+
+    def _new_prompt(self, data):
+        if self.prefix_mode:
+            stem = data.draw(st.sampled_from(STEMS))
+            tail = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=6))
+            return list(stem) + tail
+        return data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=14))
+
+    def _admit(self, sid, tokens):
+        before = snapshot(self.mgr)
+        try:
+            computed = self.mgr.allocate(sid, tokens)
+        except OutOfBlocksError as e:
+            assert e.needed > e.free and snapshot(self.mgr) == before  # S9
+            return False
+        bs = self.mgr.block_size
+        if not self.prefix_mode:
+            assert computed == 0
+        assert computed % bs == 0 and computed <= len(tokens) - 1  # the last token recomputed
+        self.model[sid] = ([], [], [])
+        slots = self.mgr.slot_mapping(sid, 0, len(tokens))
+        for p, t in enumerate(tokens):
+            k, v = self._kv(sid, t)
+            if p >= computed:  # hits are not written again: their K/V must already be there
+                self._write(sid, int(slots[p]), t, k, v)
+        self.tables_seen[sid] = self.mgr.block_table(sid)
+        return True
+
+    # ---- rules -----------------------------------------------------------------------------
+    @rule(data=st.data())
+    def allocate(self, data):
+        self.flush()
+        sid = self.next_id
+        self.next_id += 1
+        self._admit(sid, self._new_prompt(data))
+
+    @precondition(lambda self: self.readmit)
+    @rule(data=st.data())
+    def readmit_recomputed(self, data):
+        self.flush()
+        sid = data.draw(st.sampled_from(sorted(self.readmit)))
+        if self._admit(sid, self.readmit[sid]):
+            del self.readmit[sid]
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data(), token=st.integers(0, 3))
+    def append(self, data, token):
+        sid = data.draw(st.sampled_from(self._gpu_seqs()))
+        before = snapshot(self.mgr)
+        try:
+            slot = self.mgr.append_slot(sid, token)
+        except OutOfBlocksError as e:
+            assert e.needed > e.free and snapshot(self.mgr) == before  # S9
+            return
+        k, v = self._kv(sid, token)
+        self.pending.append((sid, slot, token, k, v))
+
+    @precondition(lambda self: not self.prefix_mode and
+                  any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data())
+    def fork(self, data):
+        self.flush()  # an engine forks between steps, after the step's K/V are written
+        parent = data.draw(st.sampled_from(self._gpu_seqs()))
+        child = self.next_id
+        self.next_id += 1
+        self.mgr.fork(parent, child)
+        ks, vs, keys = self.model[parent]
+        self.model[child] = (list(ks), list(vs), list(keys))
+        assert self.mgr.block_table(child) == self.mgr.block_table(parent)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def free(self, data):
+        if self.prefix_mode:
+            # Prefix caching registers a block when it becomes full, before the step's forward
+            # pass writes its K/V (as vLLM v1 does); an engine frees between steps, so flush.
+            self.flush()
+        sid = data.draw(st.sampled_from(sorted(self.model)))
+        self.mgr.free(sid)
+        del self.model[sid]
+        self.pending = [w for w in self.pending if w[0] != sid]
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        self.flush()
+        group = data.draw(st.lists(st.sampled_from(self._gpu_seqs()), min_size=1, unique=True))
+        before = snapshot(self.mgr)
+        try:
+            mapping = self.mgr.swap_out(group)
+        except OutOfBlocksError as e:
+            assert e.needed > e.free and snapshot(self.mgr) == before  # S9
+            return
+        self.pool.copy_out(self.kc, self.vc, mapping)
+        for s in group:
+            self.tables_seen.pop(s, None)
+
+    @precondition(lambda self: self.mgr.swapped_seq_ids if hasattr(self, "mgr") else False)
+    @rule(data=st.data())
+    def swap_in(self, data):
+        self.flush()
+        group = data.draw(st.lists(st.sampled_from(sorted(self.mgr.swapped_seq_ids, key=repr)),
+                                   min_size=1, unique=True))
+        before = snapshot(self.mgr)
+        try:
+            mapping = self.mgr.swap_in(group)
+        except OutOfBlocksError as e:
+            assert e.needed > e.free and snapshot(self.mgr) == before  # S9
+            return
+        self.pool.copy_in(self.kc, self.vc, mapping)
+        for _cpu, g in mapping:  # the tokens in the copied blocks travel with them
+            self.slot_tokens[g] = [None] * self.mgr.block_size
+        for s in group:
+            table = self.mgr.block_table(s)
+            for p, t in enumerate(self.mgr.token_ids(s)):
+                self.slot_tokens[table[p // self.mgr.block_size]][p % self.mgr.block_size] = t
+            self.tables_seen[s] = table
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data())
+    def swap_round_trip(self, data):
+        self.flush()
+        group = data.draw(st.lists(st.sampled_from(self._gpu_seqs()), min_size=1, unique=True))
+        q = np.random.default_rng(1).standard_normal((len(group), H, D)).astype(np.float32)
+        before = attention_outputs(self.kc, self.vc, self.mgr, group, q)
+        if not self.mgr.can_swap_out(group):
+            return
+        self.pool.copy_out(self.kc, self.vc, self.mgr.swap_out(group))
+        if not self.mgr.can_swap_in(group):
+            return  # stays swapped out; other rules may bring it back
+        self.pool.copy_in(self.kc, self.vc, self.mgr.swap_in(group))
+        after = attention_outputs(self.kc, self.vc, self.mgr, group, q)
+        assert np.array_equal(before, after)  # S4
+        for s in group:
+            self.tables_seen[s] = self.mgr.block_table(s)
+            table = self.tables_seen[s]
+            for p, t in enumerate(self.mgr.token_ids(s)):
+                bs = self.mgr.block_size
+                self.slot_tokens.setdefault(table[p // bs], [None] * bs)[p % bs] = t
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data())
+    def preempt_by_recompute(self, data):
+        self.flush()
+        group = data.draw(st.lists(st.sampled_from(self._gpu_seqs()), min_size=1, unique=True))
+        expected = {s: self.mgr.token_ids(s) for s in group}
+        tokens = self.mgr.preempt_by_recompute(group)
+        assert tokens == expected
+        for s in group:
+            assert s not in self.mgr.seq_ids
+            del self.model[s]
+            self.tables_seen.pop(s, None)
+        self.readmit.update(tokens)
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule()
+    def check_attention(self):
+        self.flush()
+        seqs = self._gpu_seqs()
+        q = np.random.default_rng(0).standard_normal((len(seqs), H, D)).astype(np.float32)
+        got = attention_outputs(self.kc, self.vc, self.mgr, seqs, q)
+        assert np.array_equal(got, dense_outputs(self.model, seqs, q))  # S3, S5
+
+    # ---- invariants ------------------------------------------------------------------------
+    @invariant()
+    def structure(self):
+        if not hasattr(self, "mgr"):
+            return
+        self.mgr.check_invariants()  # S1
+        if self.prefix_mode:
+            for s, old in self.tables_seen.items():  # S7
+                if s in self.model and not self.mgr.is_swapped(s):
+                    new = self.mgr.block_table(s)
+                    assert new[:len(old)] == old, f"seq {s}: table {old} became {new}"
+                    self.tables_seen[s] = new
+            pending_blocks = {slot // self.mgr.block_size for _, slot, *_ in self.pending}
+            alloc = self.mgr.allocator
+            for h, b in alloc.cached_blocks().items():  # S6
+                if b not in pending_blocks:
+                    assert tuple(self.slot_tokens[b]) == alloc.block_token_ids(b), (
+                        f"hash {h} -> block {b} holding {self.slot_tokens[b]}")
+
+    def teardown(self):
+        if not hasattr(self, "mgr"):
+            return
+        if any(not self.mgr.is_swapped(s) for s in self.model):
+            self.check_attention()
+        for s in list(self.model):
+            self.mgr.free(s)
+        self.mgr.take_copies()
+        assert self.mgr.num_free_blocks == self.mgr.num_blocks  # S8
+        assert self.mgr.num_free_cpu_blocks == self.pool.key_cache.shape[0]
+        self.mgr.check_invariants()
+
+
+class PrefixCachingMachine(SharingMachine):
+    prefix_mode = True
+
+
+SharingMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=35)
+PrefixCachingMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=35)
+TestCopyOnWrite = SharingMachine.TestCase
+TestPrefixCaching = PrefixCachingMachine.TestCase

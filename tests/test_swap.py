@@ -1,0 +1,136 @@
+"""Swapping to a CPU block pool and preemption by recomputation (swap.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minipaged.block_allocator import OutOfBlocksError
+from minipaged.cache_ops import reshape_and_cache
+from minipaged.kv_cache import KVCacheManager
+from minipaged.paged_attention import paged_attention
+from minipaged.swap import CPUBlockPool
+
+
+def filled(m, nb, bs, seqs, seed=0):
+    rng = np.random.default_rng(seed)
+    kc = rng.standard_normal((nb, 2, bs, 4)).astype(np.float32)  # [NB, Hkv, BS, D]
+    vc = rng.standard_normal((nb, 2, bs, 4)).astype(np.float32)
+    return kc, vc
+
+
+def test_swap_round_trip_is_bit_identical_and_shares_once():
+    m = KVCacheManager(6, 2, num_cpu_blocks=4)
+    m.allocate("p", [1, 2, 3])
+    m.fork("p", "c")  # both point at blocks 0, 1
+    kc, vc = filled(m, 6, 2, ["p", "c"])
+    pool = CPUBlockPool(4, 2, 2, 4, np.float32)
+    q = np.random.default_rng(1).standard_normal((2, 4, 4)).astype(np.float32)
+    lens = np.array([3, 3], np.int32)
+    before = paged_attention(q, kc, vc, m.block_tables(["p", "c"]), lens)
+    out = m.swap_out(["p", "c"])
+    assert sorted(g for g, _ in out) == [0, 1]  # a shared block moves once
+    assert m.num_free_blocks == 6 and m.num_free_cpu_blocks == 2
+    assert m.is_swapped("p") and m.cpu_block_table("p") == m.cpu_block_table("c")
+    pool.copy_out(kc, vc, out)
+    kc[:] = np.nan  # the GPU blocks are reused by others meanwhile
+    m.allocate("other", [9, 9, 9, 9])
+    m.free("other")
+    back = m.swap_in(["p", "c"])
+    pool.copy_in(kc, vc, back)
+    assert m.block_table("p") == m.block_table("c")  # still shared after the round trip
+    assert m.ref_count(m.block_table("p")[0]) == 2
+    after = paged_attention(q, kc, vc, m.block_tables(["p", "c"]), lens)
+    assert np.array_equal(before, after)
+    assert m.num_free_cpu_blocks == 4
+    m.check_invariants()
+
+
+def test_swap_is_all_or_nothing():
+    m = KVCacheManager(8, 2, num_cpu_blocks=2)
+    m.allocate("a", range(3))
+    m.allocate("b", range(3))
+    with pytest.raises(OutOfBlocksError, match="CPU pool") as e:
+        m.swap_out(["a", "b"])  # 4 blocks, CPU has 2
+    assert (e.value.needed, e.value.free) == (4, 2)
+    assert not m.is_swapped("a") and m.num_free_blocks == 4 and m.num_free_cpu_blocks == 2
+    m.swap_out(["a"])
+    m.allocate("c", range(12))  # the GPU fills up meanwhile
+    assert not m.can_swap_in(["a"])
+    with pytest.raises(OutOfBlocksError, match="to swap in"):
+        m.swap_in(["a"])
+    assert m.is_swapped("a") and m.cpu_block_table("a") == [0, 1]
+    m.check_invariants()
+
+
+def test_swapped_sequence_cannot_be_appended_and_can_be_freed():
+    m = KVCacheManager(4, 2, num_cpu_blocks=4)
+    m.allocate("a", [1, 2, 3])
+    m.swap_out(["a"])
+    with pytest.raises(ValueError, match="seq_id='a' is swapped out; swap_in it first"):
+        m.append_slot("a", 1)
+    with pytest.raises(ValueError, match="swapped out"):
+        m.block_table("a")
+    assert m.seq_len("a") == 3 and m.token_ids("a") == [1, 2, 3]
+    m.free("a")
+    assert m.num_free_cpu_blocks == 4 and m.seq_ids == []
+
+
+def test_swap_bad_inputs():
+    m = KVCacheManager(4, 2)
+    m.allocate("a", [1])
+    with pytest.raises(ValueError, match="num_cpu_blocks=0"):
+        m.swap_out(["a"])
+    m = KVCacheManager(4, 2, num_cpu_blocks=2)
+    m.allocate("a", [1])
+    with pytest.raises(ValueError, match="duplicates"):
+        m.swap_out(["a", "a"])
+    with pytest.raises(ValueError, match="seq_ids is empty"):
+        m.swap_out([])
+    with pytest.raises(KeyError, match="not swapped out"):
+        m.swap_in(["a"])
+    m.fork("a", "b")
+    m.append_slot("b", 5)  # copy-on-write pending into b's new block
+    with pytest.raises(ValueError, match="take_copies"):
+        m.swap_out(["b"])
+    with pytest.raises(ValueError, match="num_cpu_blocks=-1"):
+        KVCacheManager(4, 2, num_cpu_blocks=-1)
+
+
+def test_recompute_frees_and_reports_tokens():
+    m = KVCacheManager(4, 2, enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3])
+    m.append_slot("a", 4)
+    m.append_slot("a", 5)
+    tokens = m.preempt_by_recompute(["a"])
+    assert tokens == {"a": [1, 2, 3, 4, 5]} and m.seq_ids == []
+    assert m.num_free_blocks == 4
+    # with prefix caching, re-prefill finds most of its blocks still cached
+    assert m.allocate("a", tokens["a"]) == 4
+
+
+def test_swap_in_with_prefix_caching_makes_blocks_findable_again():
+    m = KVCacheManager(4, 2, enable_prefix_caching=True, num_cpu_blocks=4)
+    m.allocate("a", [1, 2, 3, 4, 5])
+    m.swap_out(["a"])
+    m.allocate("x", range(8))  # evicts a's cached blocks
+    m.free("x")
+    m.swap_in(["a"])
+    assert m.allocate("b", [1, 2, 3, 4, 5]) == 4
+    m.check_invariants()
+
+
+def test_cpu_pool_bad_shape():
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        CPUBlockPool(0, 2, 2, 4)
+    pool = CPUBlockPool(2, 2, 2, 4)
+    kc = np.zeros((4, 2, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="block shapes differ"):
+        pool.copy_out(kc, kc.copy(), [(0, 0)])
+    kc[0] = 1.0
+    ok = np.zeros((4, 2, 2, 4), np.float32)
+    ok[0] = 1.0
+    pool.copy_out(ok, ok.copy(), [(0, 1)])
+    assert (pool.key_cache[1] == 1.0).all()
+    reshape_and_cache(np.zeros((1, 2, 4), np.float32), np.zeros((1, 2, 4), np.float32),
+                      ok, ok.copy(), np.array([0]))
