@@ -9,6 +9,10 @@ The course map (read the modules in this order; each one's docstring says what c
     kv_cache.py         block tables, slot mapping, KVCacheManager (allocate / append / free)
     cache_ops.py        reshape_and_cache and copy_blocks: writing K/V into the pages
     paged_attention.py  attention that reads K/V through block tables, equal to dense bit for bit
+    memory_policy.py    the scheduler's view of memory: paged blocks or Orca-style regions
+    scheduler.py        continuous batching: FCFS admission, preemption by swap or recompute
+    sim/                workloads, memory presets, a cost model, the simulator, the experiments
+    factcheck.py        the seed interview answer's claims, each one measured
     model/              a tiny trained torch model generating through the paged cache (LLM)
 
 Symbols used in shape comments everywhere: S sequences, H query heads, Hkv KV heads, D head size,

@@ -12,7 +12,9 @@ is a power of two and whose offset is a multiple of that size ("aligned"). A blo
 form the aligned block of order k+1 they were split from. ``alloc(size)`` takes the smallest free
 block of order ``ceil(log2(size))`` or larger and splits it in halves until it has the right order;
 ``free`` gives a block back and merges it with its buddy, again and again, while the buddy is free.
-Every operation touches O(1) blocks per order, so O(log num_slots) work per call, no per-slot loop.
+Allocating or freeing one block touches at most one block per order: O(log num_slots) work, no
+loop over slots. A bit mask of the orders that have free blocks finds "the smallest free order
+>= k" in O(1); a region that is not a power of two is at most two blocks per order.
 
 Rounding, and how it is accounted. A plain buddy allocator rounds a request up to a power of two:
 ``alloc(100)`` holds 128 slots. ``alloc(100, exact=True)`` takes the 128-slot block and gives the

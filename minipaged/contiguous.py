@@ -38,12 +38,15 @@ Why ``need``: "free but not allocatable as one region" only means something for 
 given size. A 64-slot hole is waste for a 2048-token reservation and fine for a 40-token one. A
 scheduler passes the reservation its next waiting request needs, ``reservation_size(F)``; under
 load, when that request does not fit, every free slot is then external fragmentation, which is how
-the paper's "external fragmentation & others" bar fills up (Fig. 2).
+the paper's "external fragmentation & others" bar fills up (Fig. 2). Note that even an empty
+arena shows some external fragmentation when ``num_slots`` is not a multiple of next_pow2(need):
+15,728 slots (OPT-13B on an A100-40GB) = 8192 + 4096 + 2048 + 1392 in smaller blocks, and
+those 1392 slots can never hold a 2048-slot region.
 
 Why ``exact_fit=True`` by default: the paper's Orca (Oracle) has no internal fragmentation and
 holds more tokens than Orca (Pow2), which cannot happen if the allocator rounds every oracle
-reservation up to a power of two (it would then hold the same blocks as pow2). With exact fit,
-max and pow2 reservations (powers of two when max_seq_len is one) have no rounding slack either.
+reservation up to a power of two (it would then hold the same blocks as pow2). Max and pow2
+reservations are powers of two already (when max_seq_len is one): the choice matters for oracle.
 
 Running totals make ``usage()`` O(log num_slots) and every other call O(log num_slots), so a
 simulator can reserve through this class at every scheduling step. ``store_kv=False`` keeps only

@@ -76,6 +76,52 @@ def c_preallocation(ctx: Context) -> Finding:
         f"{_pct(lo)}-{_pct(hi)}: the range starts lower and ends lower than 30%-60%", orca)
 
 
+def c_max_internal(ctx: Context) -> Finding:
+    u = ctx.fig2()["orca-max"]["usage"]
+    return Finding(
+        "max-reservation-internal", "每个请求按最大序列长度（如2048）预分配KV Cache……造成内部碎片",
+        "reserving the maximum length (e.g. 2048) for every request causes internal "
+        "fragmentation",
+        f"orca-max: internal fragmentation {_pct(u['internal_fragmentation'])}, reserved "
+        f"{_pct(u['reserved'])} of KV memory",
+        "holds", "the paper: 57.3% internal fragmentation for Orca (Max) (Fig. 2)",
+        {"internal_fragmentation": u["internal_fragmentation"]})
+
+
+def c_contiguous_external(ctx: Context) -> Finding:
+    f = ctx.fig2()
+    ext = {p: f[p]["usage"]["external_fragmentation"] for p in ("orca-max", "orca-pow2",
+                                                                "orca-oracle")}
+    return Finding(
+        "contiguous-external", "连续存储要求……导致外部碎片——即使总显存够，也无法分配一块连续空间",
+        "contiguous storage causes external fragmentation: enough memory in total, no region "
+        "large enough",
+        "external fragmentation while queued: " + ", ".join(f"{p} {_pct(v)}"
+                                                           for p, v in ext.items()),
+        "holds", "the paper: 8.9% to 41.6% 'external fragmentation & others' (Fig. 2); our "
+        "buddy allocator strands less for pow2 than the paper's", ext)
+
+
+def c_flash(ctx: Context) -> Finding:
+    return Finding(
+        "flashattention-compatible",
+        "可以一起用……vLLM已经集成FlashAttention，通过修改kernel的指针索引实现",
+        "PagedAttention and FlashAttention work together; vLLM integrates FlashAttention",
+        "FlashAttention's flash_attn_with_kvcache takes a block_table int32 [batch, max_blocks] "
+        "and a paged cache [num_blocks, page_size, Hkv, D]",
+        "holds", "upstream requires page_size to be a multiple of 256; vLLM's fork relaxes it "
+        "to 16 (FlashInfer takes a CSR page table instead)", {})
+
+
+def c_trtllm(ctx: Context) -> Finding:
+    return Finding(
+        "others-page-too", "PagedAttention的思想被多个推理框架借鉴（如TensorRT-LLM的KV Cache分块）",
+        "other engines page their KV cache too (e.g. TensorRT-LLM)",
+        "documented: TensorRT-LLM pages its KV cache in blocks; SGLang keeps a radix tree "
+        "over tokens (page size 1); FlashInfer takes page tables",
+        "holds", "paging the KV cache is now the common design", {})
+
+
 def c_paged_util(ctx: Context) -> Finding:
     u = ctx.fig2()["paged"]
     return Finding(
@@ -276,9 +322,9 @@ def c_default_16(ctx: Context) -> Finding:
 
 
 CLAIMS: list[Callable[[Context], Finding]] = [
-    c_preallocation, c_paged_util, c_default_16, c_no_external, c_cow, c_refcap,
-    c_sweet_spot, c_no_replacement, c_throughput, c_batch, c_block_table_32k, c_int32,
-    c_128k, c_table_halves, c_33_tokens,
+    c_max_internal, c_contiguous_external, c_preallocation, c_paged_util, c_default_16,
+    c_no_external, c_cow, c_refcap, c_sweet_spot, c_no_replacement, c_throughput, c_batch,
+    c_block_table_32k, c_int32, c_128k, c_table_halves, c_33_tokens, c_flash, c_trtllm,
 ]
 
 

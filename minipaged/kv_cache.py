@@ -36,7 +36,12 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError, check_int
-from minipaged.prefix_cache import ROOT_HASH, HashFn, PrefixCachingBlockAllocator
+from minipaged.prefix_cache import (
+    ROOT_HASH,
+    HashFn,
+    PrefixCachingBlockAllocator,
+    default_block_hash,
+)
 from minipaged.swap import SwapMixin
 from minipaged.usage import KVUsage
 
@@ -46,7 +51,11 @@ SeqId = Hashable
 def check_token_ids(name: str, token_ids: Iterable[int]) -> list[int]:
     """A fresh list of int token ids; TypeError naming ``name`` for anything else."""
     tokens = list(token_ids)
-    if not set(map(type, tokens)) <= {int}:  # fast path (C loop); numpy ints go the slow way
+    try:  # fast path, one C loop: a float, str or None anywhere makes the sum a non-int
+        fast = type(sum(tokens)) is int
+    except TypeError:
+        fast = False
+    if not fast:  # numpy integers, or bad input: convert one by one (and name the culprit)
         try:
             tokens = [operator.index(t) for t in tokens]
         except TypeError:
@@ -178,28 +187,27 @@ class KVCacheManager(SwapMixin):
         n_blocks = -(-n // bs)
         alloc, prefix = self._alloc, self._prefix
         hits: list[int] = []
-        hashes: list[int] = []
         if prefix is not None:
             # At least the last prompt token is recomputed (the model needs its logits), so a
             # block reaching position n - 1 is never a hit: at most (n - 1) // BS hits.
-            hits, hashes = prefix.match(tokens, bs, max_hits=(n - 1) // bs)
+            hits, hashes, chunks = prefix.match(tokens, bs, max_hits=(n - 1) // bs)
         need = n_blocks - len(hits)
-        avail = alloc.num_free_blocks - sum(1 for b in hits if self._ref[b] == 0)
+        avail = alloc.num_free_blocks
+        if hits:  # hits sitting in the LRU queue are counted free but are not ours to take
+            ref = self._ref
+            avail -= [ref[b] for b in hits].count(0)
         if need > avail:
             raise OutOfBlocksError(need, avail,
                                    f"for the prompt of seq_id={seq_id!r} ({n} tokens)")
         if prefix is not None:
-            for b in hits:  # take hits out of the LRU queue *before* allocating may evict them
-                prefix.touch(b)
+            prefix.touch_all(hits)  # out of the LRU queue *before* allocating may evict them
             prefix.hits += len(hits)
             prefix.queries += len(hashes)
-        table = hits + [alloc.allocate() for _ in range(need)]
+        table = hits + alloc.allocate_many(need)
         self._tables[seq_id] = table
         self._tokens[seq_id] = tokens
         if prefix is not None:
-            for i in range(len(hits), len(hashes)):
-                parent = hashes[i - 1] if i else ROOT_HASH
-                prefix.register(table[i], hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            prefix.register_run(table, hashes, chunks, start=len(hits))
             self._hashes[seq_id] = hashes
         return len(hits) * bs
 
@@ -245,8 +253,11 @@ class KVCacheManager(SwapMixin):
         hashes, bs = self._hashes[seq_id], self.block_size
         parent = hashes[-1] if hashes else ROOT_HASH
         block_tokens = tuple(tokens[-bs:])
-        h = self._prefix.hash_fn(parent, block_tokens)  # type: ignore[union-attr]
-        self._prefix.register(block, h, parent, block_tokens)  # type: ignore[union-attr]
+        prefix = self._prefix
+        assert prefix is not None
+        h = (hash((parent, block_tokens)) if prefix.hash_fn is default_block_hash
+             else prefix.hash_fn(parent, block_tokens))
+        prefix.register(block, h, parent, block_tokens)
         hashes.append(h)
 
     def free(self, seq_id: SeqId) -> None:
@@ -299,10 +310,16 @@ class KVCacheManager(SwapMixin):
         if child_seq_id in self._tokens:
             raise ValueError(f"child_seq_id={child_seq_id!r} already exists")
         table = self._seq(parent_seq_id)
-        for block in table:
-            self._alloc.incref(block)
+        ref = self._ref
+        for block in table:  # in a table, so in use: incref's checks cannot fail here
+            ref[block] += 1
         self._tables[child_seq_id] = list(table)
         self._tokens[child_seq_id] = list(self._tokens[parent_seq_id])
+
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) copies recorded and not yet taken (read-only view)."""
+        return [(src, dst) for dst, src in self._copies.items()]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The pending copy-on-write (src, dst) pairs, cleared. Apply them with

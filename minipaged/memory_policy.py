@@ -120,7 +120,7 @@ class PagedPolicy(MemoryPolicy):
 
     def _blocks(self, lens: Iterable[int]) -> int:
         bs = self.block_size
-        return sum(-(-n // bs) for n in lens)
+        return sum([-(-n // bs) for n in lens])
 
     def fits_ever(self, lens: list[int], final_len: int) -> bool:
         return self._blocks(lens) <= self.manager.num_blocks - self.watermark_blocks
@@ -129,7 +129,7 @@ class PagedPolicy(MemoryPolicy):
         m = self.manager
         # Without prefix caching the exact need is known; with it, hits only lower the need,
         # so try and let the manager refuse (all or nothing) if the estimate was too high.
-        need = self._blocks(len(t) for t in token_ids)
+        need = self._blocks([len(t) for t in token_ids])
         if not m.enable_prefix_caching and m.num_free_blocks - need < self.watermark_blocks:
             return None
         done: list[int] = []

@@ -31,7 +31,7 @@ Invariants (asserted by ``check_invariants`` in the stateful tests):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
 
@@ -87,6 +87,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._ref[block] = 1
         return block
 
+    def allocate_many(self, n: int) -> list[int]:
+        if n > self.num_free_blocks:
+            raise OutOfBlocksError(n, self.num_free_blocks)
+        if n <= len(self._free):  # enough never-cached blocks: the plain allocator's slice
+            return super().allocate_many(n)
+        return [self.allocate() for _ in range(n)]
+
     def _evict(self, block: int) -> None:
         h = self._block_hash[block]
         if self._table.get(h) == block:
@@ -101,6 +108,28 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         else:
             self._lru[block] = None  # most recently used end
 
+    def _release_many(self, blocks: list[int]) -> None:
+        hashes, free, lru = self._block_hash, self._free, self._lru
+        for b in blocks:
+            if hashes[b] is None:
+                free.append(b)
+            else:
+                lru[b] = None
+
+    def free_blocks(self, blocks: Iterable[int]) -> None:
+        # The base class's loop with the release inlined: freeing a finished request's whole
+        # table is the hottest path of prefix caching after append_slot.
+        ref, hashes, free, lru = self._ref, self._block_hash, self._free, self._lru
+        for b in blocks:
+            if ref[b] == 0:
+                self.free(b)  # raises: double free
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashes[b] is None:
+                    free.append(b)
+                else:
+                    lru[b] = None
+
     # ---- the hash side ---------------------------------------------------------------------
     def lookup(self, parent_hash: int, token_ids: tuple[int, ...]) -> tuple[int, int | None]:
         """(hash, cached block or None) for one full block whose parent chain hash is given."""
@@ -111,33 +140,53 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block = None  # same hash, different content: a collision, treated as a miss
         return h, block
 
-    def match(self, token_ids: list[int], block_size: int,
-              max_hits: int) -> tuple[list[int], list[int]]:
-        """Chain hashes of every full block of ``token_ids`` and the cached blocks of the
-        longest verified run from the start (at most ``max_hits``). Nothing is changed.
-
-        The same test as ``lookup``, inlined: this loop runs for every block of every prompt."""
-        hash_fn, table = self.hash_fn, self._table
+    def match(self, token_ids: list[int], block_size: int, max_hits: int
+              ) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
+        """For every full block of ``token_ids``: its chain hash and its token tuple; and the
+        cached blocks of the longest verified run from the start (at most ``max_hits``).
+        Nothing is changed. The same test as ``lookup``, inlined: this loop runs for every
+        block of every prompt."""
+        hash_fn, get = self.hash_fn, self._table.get
         tokens_of, parent_of = self._block_tokens, self._block_parent
+        inline = hash_fn is default_block_hash  # the same hash, minus a Python call per block
+        bs, n_full = block_size, len(token_ids) // block_size
+        chunks = [tuple(token_ids[j:j + bs]) for j in range(0, n_full * bs, bs)]
         hits: list[int] = []
         hashes: list[int] = []
         parent = ROOT_HASH
-        for i in range(len(token_ids) // block_size):
-            chunk = tuple(token_ids[i * block_size:(i + 1) * block_size])
-            h = hash_fn(parent, chunk)
-            if len(hits) == i < max_hits:
-                block = table.get(h)
+        for chunk in chunks:
+            h = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
+            if len(hits) == len(hashes) < max_hits:  # still on an unbroken run of hits
+                block = get(h)
                 if block is not None and tokens_of[block] == chunk and parent_of[block] == parent:
                     hits.append(block)
             hashes.append(h)
             parent = h
-        return hits, hashes
+        return hits, hashes, chunks
+
+    def register_run(self, blocks: list[int], hashes: list[int],
+                     chunks: list[tuple[int, ...]], start: int) -> None:
+        """``register`` blocks[i] for i >= start, each with its parent the hash before it."""
+        table, block_hash = self._table, self._block_hash
+        parent_of, tokens_of = self._block_parent, self._block_tokens
+        for i in range(start, len(hashes)):  # ``register``, inlined: one call per prompt
+            h, b = hashes[i], blocks[i]
+            if h not in table and block_hash[b] is None:
+                table[h] = b
+                block_hash[b] = h
+                parent_of[b] = hashes[i - 1] if i else ROOT_HASH
+                tokens_of[b] = chunks[i]
 
     def touch(self, block: int) -> None:
         """A new user of a cached block: out of the LRU queue if it sat there (O(1))."""
-        if self._ref[block] == 0:
-            del self._lru[block]
-        self._ref[block] += 1
+        self.touch_all([block])
+
+    def touch_all(self, blocks: list[int]) -> None:
+        ref, lru = self._ref, self._lru
+        for b in blocks:
+            if ref[b] == 0:
+                del lru[b]  # the O(1) removal from the middle of the queue
+            ref[b] += 1
 
     def register(self, block: int, h: int, parent_hash: int, token_ids: tuple[int, ...]) -> bool:
         """Record that ``block`` (in use, full) holds the prefix with hash ``h``.

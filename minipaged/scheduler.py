@@ -44,6 +44,10 @@ WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped",
     "rejected"
 
 
+def _order(g: SequenceGroup) -> int:
+    return g.order
+
+
 class Sequence:
     """One token stream of a request. ``prefilling``: its K/V are not all computed yet."""
 
@@ -151,6 +155,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     chunked_prefill: bool = False
     preemption_mode: str = "recompute"  # or "swap"
+    keep_outputs: bool = True  # False: finished token streams are dropped (long simulations)
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("recompute", "swap"):
@@ -230,7 +235,7 @@ class Scheduler:
 
     @property
     def num_running_seqs(self) -> int:
-        return sum(len(g.seqs) for g in self.running)
+        return sum([len(g.seqs) for g in self.running])
 
     # ---- schedule --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -318,7 +323,8 @@ class Scheduler:
             out.blocks_to_swap_in += self.policy.swap_in(ids)
             self.swapped.pop(0)
             g.status = RUNNING
-            self.running.append(g)  # swapped groups are newer than every running one
+            # Not always newest: a recomputed older group may have been re-admitted meanwhile.
+            bisect.insort(self.running, g, key=_order)
             for s in g.seqs:
                 self.policy.append_slot(s.seq_id, s.token_ids[-1])
             out.decodes.extend(g.seqs)
@@ -329,7 +335,8 @@ class Scheduler:
         """Admit waiting groups strictly in arrival order while memory and budgets allow."""
         chunked = self.config.chunked_prefill
         num_seqs = self.num_running_seqs
-        while self.waiting and (budget > 0 or not out.prefills):
+        # Without chunking, a group larger than the budget may still run alone in its step.
+        while self.waiting and (budget > 0 or (not chunked and not out.prefills)):
             g = self.waiting[0]
             lens = [len(s.token_ids) for s in g.seqs]
             if not self.policy.fits_ever(lens, g.final_len):
@@ -350,7 +357,10 @@ class Scheduler:
                 break
             self.waiting.popleft()
             g.status = RUNNING
-            self.running.append(g)
+            if self.running and self.running[-1].order > g.order:
+                bisect.insort(self.running, g, key=_order)  # re-admitted after a recompute
+            else:
+                self.running.append(g)
             num_seqs += max(g.width, len(g.seqs))
             for s, c in zip(g.seqs, cached):
                 s.num_computed, s.prefilling = c, True
@@ -371,7 +381,7 @@ class Scheduler:
                 and self.policy.can_swap_out(ids)):
             out.blocks_to_swap_out += self.policy.swap_out(ids)
             g.status = SWAPPED
-            bisect.insort(self.swapped, g, key=lambda x: x.order)
+            bisect.insort(self.swapped, g, key=_order)
             out.preempted.append((g, "swap"))
             self.num_swapped_out += 1
         else:
@@ -426,16 +436,31 @@ class Scheduler:
             tl.append(toks[0])
             if len(tl) >= s.stop_len:
                 finished.append(s)
-        done: list[SequenceGroup] = []
-        for s in finished:
-            g = s.group
-            self.policy.free(s.seq_id)
-            g.seqs.remove(s)
-            g.outputs.append(s.token_ids)
-            if not g.seqs:
-                g.status, g.finish_s = FINISHED, now
-                done.append(g)
+        done = [s.group for s in finished if self._end_seq(s, now)]
         if done:
             self.running = [g for g in self.running if g.status == RUNNING]
             self.finished.extend(done)
         return done
+
+    def _end_seq(self, s: Sequence, now: float) -> bool:
+        g = s.group
+        self.policy.free(s.seq_id)
+        g.seqs.remove(s)
+        if self.config.keep_outputs:
+            g.outputs.append(s.token_ids)
+        if not g.seqs:
+            g.status, g.finish_s = FINISHED, now
+            return True
+        return False
+
+    def finish_seq(self, s: Sequence, now: float) -> bool:
+        """End a running sequence before its output length (an end-of-sequence token, a stop
+        string: the executor's decision), exactly as ``update`` ends one that reached it.
+        Returns True when that finished its whole group."""
+        if s.group.status != RUNNING or s not in s.group.seqs:
+            raise ValueError(f"{s!r} is not a running sequence")
+        if not self._end_seq(s, now):
+            return False
+        self.running = [g for g in self.running if g is not s.group]
+        self.finished.append(s.group)
+        return True

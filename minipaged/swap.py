@@ -141,16 +141,15 @@ class SwapMixin:
 
     def _reregister(self, seq_id: Hashable, table: list[int]) -> None:
         """With prefix caching, a swapped-in full block becomes findable again by its hash."""
-        from minipaged.prefix_cache import ROOT_HASH, PrefixCachingBlockAllocator
+        from minipaged.prefix_cache import PrefixCachingBlockAllocator
 
         alloc = self._alloc  # type: ignore[attr-defined]
         if isinstance(alloc, PrefixCachingBlockAllocator):
             hashes = self._hashes[seq_id]  # type: ignore[attr-defined]
             tokens = self._tokens[seq_id]  # type: ignore[attr-defined]
             bs = self.block_size  # type: ignore[attr-defined]
-            for i, h in enumerate(hashes):
-                parent = hashes[i - 1] if i else ROOT_HASH
-                alloc.register(table[i], h, parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            chunks = [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(len(hashes))]
+            alloc.register_run(table, hashes, chunks, start=0)
 
     def preempt_by_recompute(self, seq_ids: Iterable[Hashable]) -> dict[Hashable, list[int]]:
         """Free a group's blocks and forget the sequences; returns each one's token ids (prompt

@@ -53,6 +53,14 @@ def test_usage_categories_by_hand():
     assert c.usage(need=1024).external_fragmentation == 896  # nothing serves 1024 now
 
 
+def test_empty_arena_not_a_power_of_two_has_external_fragmentation():
+    # 15,728 = 8192 + 4096 + 2048 + (1024 + 256 + 64 + 32 + 16): the last 1392 slots are in
+    # blocks too small for a 2048-slot region, even with nothing allocated
+    c = ContiguousKVCache(15728, 1, 1, max_seq_len=2048, store_kv=False)
+    assert c.usage() == KVUsage(15728, 0, 0, 0, 1392, 14336)
+    assert c.usage(need=16).external_fragmentation == 0
+
+
 def test_rounding_slack_is_reported_apart_from_the_policy():
     c = ContiguousKVCache(1024, HKV, D, policy="oracle", max_seq_len=256, exact_fit=False)
     c.reserve("a", 10, 100)

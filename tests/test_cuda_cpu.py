@@ -4,7 +4,7 @@ Proofs, as in issue 5:
 - placement: any physical placement of the blocks (permuted pool, NaN in free blocks and unused
   slots, garbage in table padding) gives the same bits as the contiguous placement, v1 and v2;
 - oracle: every dtype x head size x block size x GQA ratio x ragged lengths up to several
-  thousand agrees with a float64 reference within the bound in cuda_cases.tolerance, and with
+  thousand agrees with a float64 reference within the bound in test_cuda_cases.tolerance, and with
   the package's NumPy paged_attention when it exists;
 - reshape_and_cache and copy_blocks equal minipaged.cache_ops exactly;
 - the software __half equals NumPy's float16 conversions exactly;
@@ -18,9 +18,9 @@ import importlib.util
 import numpy as np
 import pytest
 from capabilities import require
-from cuda_cases import make_case, place, reference, tolerance
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_cuda_cases import make_case, place, reference, tolerance
 
 from minipaged import cache_ops
 from minipaged.cuda import cpu_build
@@ -272,6 +272,9 @@ BAD_ATTENTION = [
     ("rows of tables", _with(block_tables=lambda t: t[:1]), ValueError,
      r"block_tables has 1 rows; expected S=2"),
     ("not numpy", _with(query=lambda q: q.tolist()), TypeError, r"query is a list"),
+    ("misaligned cache", _with(key_cache=lambda k: np.frombuffer(
+        np.zeros(k.nbytes + 4, np.uint8), np.float32, offset=4).reshape(k.shape)),
+     ValueError, r"key_cache starts at an address that is not a multiple of 16 bytes"),
 ]
 
 
@@ -359,3 +362,9 @@ def test_ucontext_fibers_give_the_same_bits(library):
         cpu_build.check(lib, rc)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_build_variant_follows_the_environment(library):
+    # MINIPAGED_SANITIZE=1 (set by test_cuda_sanitize.py for its child run) selects the ASan +
+    # UBSan build; otherwise the optimised one
+    assert library.mp_sanitized() == int(cpu_build.sanitizing())

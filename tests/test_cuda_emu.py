@@ -75,20 +75,21 @@ def test_trace_records_which_warp_reads_which_block(lib):
     kc = rng.standard_normal((10, 1, 16, 64)).astype(np.float32)
     tables = rng.permutation(10)[None, :].astype(np.int32)
     lens = np.array([150], np.int32)  # 10 logical blocks
-    lib.mp_trace_start(10_000)
-    try:
+    with cpu_build.tracing() as events:
         launch.paged_attention(q, kc, kc, tables, lens)
-        events = []
-        ints = (cpu_build.ctypes.c_int * 5)()
-        value = cpu_build.ctypes.c_longlong()
-        what = cpu_build.ctypes.c_char_p()
-        for i in range(lib.mp_trace_count()):
-            lib.mp_trace_get(i, ints, cpu_build.ctypes.byref(value), cpu_build.ctypes.byref(what))
-            events.append((ints[3], value.value, what.value.decode()))
-    finally:
-        lib.mp_trace_start(0)
     reads = {}
-    for thread, block, what in events:
-        assert what == "warp reads K of logical block"
-        reads.setdefault(thread // 32, set()).add(block)
+    for e in events:
+        if e.what == "warp reads K of logical block":
+            reads.setdefault(e.thread // 32, set()).add(e.value)
     assert reads == {w: set(range(w, 10, 4)) for w in range(4)}
+    # lane 0 of each of the 4 warps reports each of the kernel's 4 barriers (query loaded, max,
+    # sum, partial outputs posted)
+    barriers = [e for e in events if e.what == "__syncthreads()"]
+    assert len(barriers) == 4 * 4 and {e.thread for e in barriers} == {0, 32, 64, 96}
+    # BS=16: two lanes per token, so one shuffle step (xor 1) per KV block for the dot product
+    dot_shuffles = [e for e in events if e.what == "__shfl_xor_sync" and e.thread == 0
+                    and e.value == 1]
+    assert len(dot_shuffles) == len(range(0, 10, 4)) + 2  # + the max and sum reductions' last step
+    # and nothing is recorded once the block ends
+    launch.paged_attention(q, kc, kc, tables, lens)
+    assert lib.mp_trace_count() == 0

@@ -62,7 +62,19 @@ def test_every_instantiation_compiles(ptx, arch, extra):
         assert any(base in e and mangled in e for e in entries), f"{name} missing from PTX"
 
 
-def test_no_kernel_spills_to_local_memory(ptx):
-    # a spill would mean per-thread arrays (acc[], the dot products) left registers: slow
+def test_no_kernel_uses_local_memory_arrays(ptx):
+    # per-thread arrays (acc[] of the value pass) must be indexed with compile-time indices so
+    # they live in registers; a .local array would be slow off-chip memory
     _, _, text = ptx[("sm_90", ())]
     assert ".local" not in text
+
+
+def test_keys_are_read_with_16_byte_loads(ptx):
+    # the Vec<scalar_t, 16 / sizeof(scalar_t)> loads of paged_attention.cu must reach the PTX as
+    # vector loads (ld.global[.nc].v4.*), or each lane would fetch 2-4 bytes at a time
+    _, _, text = ptx[("sm_90", ())]
+    bodies = re.findall(r"\.entry\s+(\w+)\((.*?)\n}\n", text, flags=re.S)
+    attention = [(n, b) for n, b in bodies if "paged_attention_kernel" in n]
+    assert len(attention) == 2 * len(cpu_build.ALL_INSTANTIATIONS)
+    for name, body in attention:
+        assert re.search(r"ld\.global(\.nc)?\.v4\.", body), f"{name}: no 16-byte key loads"

@@ -20,8 +20,15 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minipaged.memory_policy import ContiguousPolicy, PagedPolicy, make_policy
-from minipaged.scheduler import (FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, Scheduler,
-                                 SchedulerConfig)
+from minipaged.scheduler import (
+    FINISHED,
+    REJECTED,
+    RUNNING,
+    SWAPPED,
+    WAITING,
+    Scheduler,
+    SchedulerConfig,
+)
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import preset
 from minipaged.sim.simulator import VOCAB, SimExecutor
@@ -51,11 +58,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(kind_index=st.integers(0, 2), block_size=st.sampled_from([1, 2, 4, 8]),
                 extra=st.integers(0, 4), mode=st.sampled_from(["recompute", "swap"]),
                 chunked=st.booleans(), budget=st.integers(4, 40),
-                max_num_seqs=st.integers(6, 32))
-    def setup(self, kind_index, block_size, extra, mode, chunked, budget, max_num_seqs):
+                max_num_seqs=st.integers(6, 32), prefix=st.booleans())
+    def setup(self, kind_index, block_size, extra, mode, chunked, budget, max_num_seqs, prefix):
         kind = self.KINDS[kind_index % len(self.KINDS)]
         self.paged = kind == "paged"
-        self.width_max = 3 if self.paged else 1
+        self.prefix = prefix and self.paged  # prefix caching (vLLM v1): no fork, so width 1
+        self.width_max = 3 if self.paged and not self.prefix else 1
         if self.paged:
             # Room for the widest group at full length, so no group can starve itself.
             need = self.width_max * (-(-MAX_LEN // block_size) + 1) + 2
@@ -64,6 +72,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             slots = MAX_LEN + extra * 8
         self.policy = make_policy(kind, num_slots=slots, block_size=block_size,
                                   max_seq_len=MAX_LEN, num_cpu_blocks=4 * slots,
+                                  enable_prefix_caching=self.prefix,
                                   watermark=0.0 if not self.paged else 0.01)
         self.sched = Scheduler(self.policy, SchedulerConfig(
             max_num_seqs=max(max_num_seqs, self.width_max), max_model_len=MAX_LEN,
@@ -76,12 +85,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.steps = 0
 
     @rule(prompt_len=st.integers(1, 14), output_len=st.integers(1, 14),
-          width=st.integers(1, 3), beam=st.booleans())
-    def add_request(self, prompt_len, output_len, width, beam):
-        if not self.paged:
+          width=st.integers(1, 3), beam=st.booleans(), shared=st.booleans())
+    def add_request(self, prompt_len, output_len, width, beam, shared=False):
+        if self.width_max == 1:
             width = 1
         rid = len(self.groups)
-        prompt = [(rid * 7 + i) % 50 + 1 for i in range(prompt_len)]
+        # Shared prompts start alike (prefix-cache hits); the others differ from token 0.
+        prompt = [(i if shared else rid * 7 + i) % 50 + 1 for i in range(prompt_len)]
         n, k = (1, width) if beam else (width, 1)
         g = self.sched.add_request(rid, prompt, output_len, arrival_s=self.now, n=n,
                                    beam_width=k)

@@ -187,3 +187,18 @@ def test_beam_search_rejects_unknown_parents():
     bs = BeamSearch(m, "r", [1], width=2)
     with pytest.raises(ValueError, match="not a live beam"):
         bs.step([Candidate(("r", 99), 1, 0.0)])
+
+
+def test_usage_counts_shared_blocks_once():
+    m = KVCacheManager(10, 4)
+    m.allocate("p", range(6))  # blocks [0, 1]: 6 tokens
+    for c in ("c1", "c2"):
+        m.fork("p", c)
+    u = m.usage()
+    # 2 physical blocks in use, 6 token states in them, 2 unfilled slots: counted once each
+    assert (u.token, u.internal_fragmentation, u.free) == (6, 2, 32)
+    u = m.usage({"p": 7, "c1": 8, "c2": 6})  # the longest user decides what is reserved
+    assert (u.token, u.reserved, u.internal_fragmentation) == (6, 2, 0)
+    m.append_slot("c1", 1)  # copy-on-write: a third block, 7 tokens in it for c1
+    u = m.usage()
+    assert u.used == 3 * 4 and u.token == 6 + 3

@@ -19,7 +19,9 @@ Invariants, checked after every step or at every flush (prose here, code below):
     S6  the hash table never maps to a block whose tokens differ from what was written there;
     S7  with prefix caching, block tables are append-only while a sequence stays on the GPU;
     S8  freeing everything returns every GPU and CPU block to free;
-    S9  OutOfBlocksError (allocate, append, swap in/out) leaves the manager unchanged.
+    S9  OutOfBlocksError (allocate, append, swap in/out) leaves the manager unchanged;
+    S10 until the copies are taken, a copy's source stays allocated (it cannot be handed out
+        and overwritten before it is read) and its destination belongs to exactly one sequence.
 """
 
 from __future__ import annotations
@@ -28,18 +30,14 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from test_kv_cache_stateful import gather_kv, snapshot
+from test_kv_cache_stateful import snapshot
 
+from minipaged.attention import dense_attention
 from minipaged.block_allocator import OutOfBlocksError
 from minipaged.cache_ops import copy_blocks, reshape_and_cache
 from minipaged.kv_cache import KVCacheManager
+from minipaged.paged_attention import paged_attention
 from minipaged.swap import CPUBlockPool
-
-try:  # the attention engine's kernels, when present; else an obvious gather + softmax
-    from minipaged.attention import dense_attention
-    from minipaged.paged_attention import paged_attention
-except ImportError:  # pragma: no cover - only while paged_attention.py does not exist yet
-    dense_attention = paged_attention = None
 
 HKV, D, H = 2, 4, 4
 STEMS = [(), (1, 2, 3, 1, 2, 3, 1), (1, 2, 3, 1, 2, 0, 0, 2, 2, 1, 0, 3)]
@@ -52,31 +50,17 @@ def prefix_kv(prev_key: int, token: int) -> tuple[int, np.ndarray, np.ndarray]:
     return key, kv[0], kv[1]
 
 
-def _fallback_attention(q, k, v):
-    """q [1, H, D], k/v [T, Hkv, D] -> [1, H, D]: plain softmax, used only until
-    minipaged.paged_attention exists; both sides of each comparison use it."""
-    kh = np.repeat(k, H // HKV, axis=1)                     # [T, H, D]
-    vh = np.repeat(v, H // HKV, axis=1)
-    s = np.einsum("hd,thd->ht", q[0], kh)                   # [H, T]
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    return (np.einsum("ht,thd->hd", p, vh) / p.sum(axis=1, keepdims=True))[None]
-
-
 def attention_outputs(kc, vc, mgr, seqs, q):
     """Paged decode attention for ``seqs`` (one query row each): [S, H, D]."""
-    if paged_attention is not None:
-        tables = mgr.block_tables(seqs)
-        lens = np.array([mgr.seq_len(s) for s in seqs], dtype=np.int32)
-        return paged_attention(q, kc, vc, tables, lens, method="gather")
-    return np.concatenate([_fallback_attention(q[i:i + 1], *gather_kv(
-        kc, vc, mgr.block_table(s), mgr.seq_len(s))) for i, s in enumerate(seqs)])
+    tables = mgr.block_tables(seqs)
+    lens = np.array([mgr.seq_len(s) for s in seqs], dtype=np.int32)
+    return paged_attention(q, kc, vc, tables, lens, method="gather")
 
 
 def dense_outputs(model, seqs, q):
     """Dense attention over each sequence's model K/V: the cold-run reference, [S, H, D]."""
-    attend = dense_attention if dense_attention is not None else _fallback_attention
-    return np.concatenate([attend(q[i:i + 1], np.stack(model[s][0]), np.stack(model[s][1]))
-                           for i, s in enumerate(seqs)])
+    return np.concatenate([dense_attention(q[i:i + 1], np.stack(model[s][0]),
+                                           np.stack(model[s][1])) for i, s in enumerate(seqs)])
 
 
 class SharingMachine(RuleBasedStateMachine):
@@ -301,6 +285,11 @@ class SharingMachine(RuleBasedStateMachine):
         if not hasattr(self, "mgr"):
             return
         self.mgr.check_invariants()  # S1
+        u = self.mgr.usage()  # KVUsage itself checks that the categories add up to the total
+        assert u.free == self.mgr.num_free_blocks * self.mgr.block_size
+        for src, dst in self.mgr.pending_copies:  # S10
+            assert self.mgr.ref_count(src) >= 1, f"copy source {src} is free before the copy"
+            assert self.mgr.ref_count(dst) == 1, f"copy destination {dst} shared or free"
         if self.prefix_mode:
             for s, old in self.tables_seen.items():  # S7
                 if s in self.model and not self.mgr.is_swapped(s):
@@ -331,7 +320,7 @@ class PrefixCachingMachine(SharingMachine):
     prefix_mode = True
 
 
-SharingMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=35)
-PrefixCachingMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=35)
+SharingMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=35)
+PrefixCachingMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=35)
 TestCopyOnWrite = SharingMachine.TestCase
 TestPrefixCaching = PrefixCachingMachine.TestCase

@@ -14,7 +14,11 @@ import time
 from collections.abc import Callable
 
 BENCH_MODULES: tuple[str, ...] = (
+    "minipaged.bench.allocator",
+    "minipaged.bench.attention",
     "minipaged.bench.generate",
+    "minipaged.bench.kernel",
+    "minipaged.bench.simulate",
 )
 
 

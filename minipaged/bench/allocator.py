@@ -229,18 +229,17 @@ def run(args: argparse.Namespace) -> int:
     trace = make_trace(args.requests)
     console = Console()
     for prefix in (False, True):
-        results = {}
-        for name in ("minipaged", "plain"):
-            runs = []
-            for _ in range(args.repeats):
+        runs: dict[str, list] = {"minipaged": [], "plain": []}
+        for _ in range(args.repeats):  # alternate the two, so that load from other processes
+            for name in runs:          # falls on both alike
                 if name == "minipaged":
                     mgr = KVCacheManager(args.num_blocks, args.block_size,
                                          enable_prefix_caching=prefix)
                 else:
                     mgr = PlainBlockManager(args.num_blocks, args.block_size, prefix)
-                runs.append(replay(mgr, trace, prefix))
-            results[name] = {op: (statistics.median(r[op][0] for r in runs), runs[0][op][1])
-                             for op in OPS}
+                runs[name].append(replay(mgr, trace, prefix))
+        results = {name: {op: (statistics.median(r[op][0] for r in rs), rs[0][op][1])
+                          for op in OPS} for name, rs in runs.items()}
         mode = "with prefix caching (v1)" if prefix else "without prefix caching (v0, fork)"
         t = Table(title=f"{args.requests} requests, NB={args.num_blocks}, "
                         f"BS={args.block_size}, {mode}", title_justify="left")

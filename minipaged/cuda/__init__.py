@@ -7,9 +7,10 @@ method="online") written as a CUDA kernel. One .cu text, two runners:
     backend="cpu"   g++ compiles the same text against cuda_emu.h, which emulates threads,
                     warps, shuffles, barriers and shared memory with fibers (what CI runs)
 
-Files, in reading order: paged_attention.cu, cache_kernels.cu, common.cuh, cuda_emu.h,
-launch.py (the checks before a launch), cpu_build.py, cupy_runner.py, broken_kernels.cu
-(bugs the harness catches). The lesson is lessons/08_gpu_kernel.py.
+Files, in reading order: paged_attention.cu, cache_kernels.cu, common.cuh, cuda_emu.h (with
+emu_fibers.h and emu_half.h), checks.py (what a launch trusts), launch.py, cpu_build.py,
+cupy_runner.py, broken_kernels.cu (bugs the harness catches). The lesson is
+lessons/08_gpu_kernel.py; the benchmark `minipaged bench kernel`.
 
 Not imported by ``import minipaged``: this package may build a C++ library on first use.
 """

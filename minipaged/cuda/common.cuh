@@ -61,6 +61,14 @@ __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half(v)
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
+// N elements loaded or stored as one unit: with sizeof(T) * N == 16 the GPU moves them with a
+// single 16-byte instruction (ld.global.v4). The address must be a multiple of 16 bytes:
+// launch.py checks that every array starts 16-byte aligned, and offsets are multiples of N.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
 // Sum of `v` over the whole warp, the same value in every lane. Butterfly (xor) order: lane l
 // adds lane l^16, then l^8, ... so after 5 steps every lane holds the total, with the same
 // rounding in every lane.

@@ -11,18 +11,20 @@ generated wrapper, the compiler's version and the flags, under a per-user cache 
 Editing a kernel changes the hash, so a stale build is never loaded. Builds are written to a
 temporary name and renamed into place, so concurrent test processes cannot load half a file.
 
-Build variants (``load(...)`` arguments):
-    sanitize=True   AddressSanitizer + UndefinedBehaviorSanitizer (-O1 -g). Needs the ASan
+Build variants:
+    sanitize=True   AddressSanitizer + UndefinedBehaviorSanitizer (-O0 -g). Needs the ASan
                     runtime loaded first in the process: run Python under
                     ``LD_PRELOAD=$(g++ -print-file-name=libasan.so)`` (see sanitize_env()).
-    plant_oob=True  compile a deliberate out-of-bounds read into paged_attention (the sanitizer
-                    test's proof that the sanitizer is really watching).
+                    It also carries a deliberate out-of-bounds read in paged_attention, armed
+                    by mp_arm_planted_bug(1): the sanitizer test's proof that ASan is watching.
+                    MINIPAGED_SANITIZE=1 makes load() return this build.
     ucontext=True   use the portable ucontext fiber switch instead of the x86-64 one.
 Read next: launch.py (the Python launchers that call into this library).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -30,11 +32,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 CUDA_DIR = Path(__file__).resolve().parent
-SOURCES = ("cuda_emu.h", "common.cuh", "paged_attention.cu", "cache_kernels.cu",
-           "broken_kernels.cu")
+SOURCES = ("emu_fibers.h", "emu_half.h", "cuda_emu.h", "common.cuh", "paged_attention.cu",
+           "cache_kernels.cu", "broken_kernels.cu")
 
 # The instantiations: every (dtype, head size, block size) a launcher can call. Adding one here
 # adds it to the CPU library, to the NVRTC name list and to the nvcc -ptx check alike.
@@ -139,6 +143,10 @@ def _common_entry_points() -> list[str]:
     out = [
         'extern "C" const char* mp_last_error() { return emu::error_message(); }',
         'extern "C" int mp_fast_switch() { return EMU_FAST_SWITCH; }',
+        'extern "C" int mp_sanitized() { return EMU_ASAN; }',
+        "#ifdef MINIPAGED_PLANT_OOB",
+        'extern "C" void mp_arm_planted_bug(int on) { mp::plant_oob_armed = on; }',
+        "#endif",
         'extern "C" void mp_trace_start(long long capacity) {',
         "  emu::rt().trace.clear(); emu::rt().trace_capacity = (size_t)capacity; }",
         'extern "C" long long mp_trace_count() { return (long long)emu::rt().trace.size(); }',
@@ -233,27 +241,27 @@ def wrapper_sources(instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIO
     return units
 
 
-def _flags(sanitize: bool, plant_oob: bool, ucontext: bool) -> list[str]:
+def _flags(sanitize: bool, ucontext: bool) -> list[str]:
     flags = ["-std=c++20", "-shared", "-fPIC", "-fno-exceptions", "-ffp-contract=off",
              "-fvisibility=hidden", "-w"]
     # -fvisibility=hidden: only the extern "C" entry points (marked default) are exported
     if sanitize:
-        flags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                  "-fno-omit-frame-pointer"]
+        # -O0: the sanitizers' instrumentation makes -O1 builds take 5x longer to compile;
+        # MINIPAGED_PLANT_OOB compiles in the planted bug, inert until mp_arm_planted_bug(1)
+        flags += ["-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-DMINIPAGED_PLANT_OOB"]
     else:
         flags += ["-O2"]
-    if plant_oob:
-        flags.append("-DMINIPAGED_PLANT_OOB")
     if ucontext:
         flags.append("-DEMU_FORCE_UCONTEXT")
     return flags
 
 
-def library_path(*, sanitize: bool = False, plant_oob: bool = False, ucontext: bool = False,
+def library_path(*, sanitize: bool = False, ucontext: bool = False,
                  instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> Path:
     """Build (if not cached) and return the path of the shared library for this variant."""
     cxx, version = compiler()
-    flags = _flags(sanitize, plant_oob, ucontext)
+    flags = _flags(sanitize, ucontext)
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (CUDA_DIR / name).read_bytes() + b"\0")
@@ -293,12 +301,22 @@ def library_path(*, sanitize: bool = False, plant_oob: bool = False, ucontext: b
 _VP, _I, _LL, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
 
 
-@functools.cache
-def load(*, sanitize: bool = False, plant_oob: bool = False, ucontext: bool = False,
+def sanitizing() -> bool:
+    """True when MINIPAGED_SANITIZE=1: load() then returns the ASan + UBSan build."""
+    return os.environ.get("MINIPAGED_SANITIZE", "") == "1"
+
+
+def load(*, ucontext: bool = False,
          instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> ctypes.CDLL:
-    """The loaded library (built on first use), with argument types declared."""
-    lib = ctypes.CDLL(str(library_path(sanitize=sanitize, plant_oob=plant_oob,
-                                       ucontext=ucontext, instantiations=instantiations)))
+    """The loaded library (built on first use), with argument types declared. The sanitizer
+    build when MINIPAGED_SANITIZE=1 (run the process under sanitize_env())."""
+    return _load(sanitizing(), ucontext, instantiations)
+
+
+@functools.cache
+def _load(sanitize: bool, ucontext: bool, instantiations: tuple[Instantiation, ...]) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library_path(sanitize=sanitize, ucontext=ucontext,
+                                       instantiations=instantiations)))
     lib.mp_last_error.restype = ctypes.c_char_p
     lib.mp_trace_start.argtypes = [_LL]
     lib.mp_trace_count.restype = _LL
@@ -318,6 +336,36 @@ def load(*, sanitize: bool = False, plant_oob: bool = False, ucontext: bool = Fa
     return lib
 
 
+class TraceEvent(NamedTuple):
+    """One thing a thread did, in the order the harness ran it (see tracing())."""
+
+    block: tuple[int, int, int]  # blockIdx (x, y, z)
+    thread: int                  # threadIdx.x (warp = thread // 32)
+    line: int                    # source line
+    what: str                    # "__syncthreads()", "__shfl_xor_sync", or an MP_TRACE label
+    value: int                   # the MP_TRACE value (a shuffle's lane argument)
+
+
+@contextlib.contextmanager
+def tracing(capacity: int = 100_000) -> Iterator[list[TraceEvent]]:
+    """Record what the threads do during the launches inside the ``with`` block: MP_TRACE
+    points in the kernels (by every thread that reaches them) and, from lane 0 of each warp,
+    every barrier and shuffle. The list is filled when the block ends."""
+    lib = load()
+    events: list[TraceEvent] = []
+    lib.mp_trace_start(capacity)
+    try:
+        yield events
+    finally:
+        ints = (ctypes.c_int * 5)()
+        value, what = ctypes.c_longlong(), ctypes.c_char_p()
+        for i in range(lib.mp_trace_count()):
+            lib.mp_trace_get(i, ints, ctypes.byref(value), ctypes.byref(what))
+            events.append(TraceEvent((ints[0], ints[1], ints[2]), ints[3], ints[4],
+                                     what.value.decode(), value.value))
+        lib.mp_trace_start(0)
+
+
 class KernelError(RuntimeError):
     """The emulation caught a bug in a kernel (deadlock, divergent shuffle, early exit)."""
 
@@ -333,10 +381,12 @@ def sanitize_env() -> dict[str, str]:
     the first library in the process, so it is preloaded; leak checking is off (the Python
     interpreter itself never frees some objects)."""
     cxx, _ = compiler()
+    # (MINIPAGED_SANITIZE=1 is set too, so that load() picks the sanitizer build)
     libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True,
                              text=True).stdout.strip()
     env = dict(os.environ)
     env["LD_PRELOAD"] = libasan
+    env["MINIPAGED_SANITIZE"] = "1"
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1"
     env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
     return env

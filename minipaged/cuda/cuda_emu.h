@@ -9,9 +9,13 @@
 // fibers take turns on one OS thread; blocks run one after another.
 //
 // Why fibers and not one OS thread per CUDA thread: a barrier then costs a couple of context
-// switches of ~10 ns (a hand-written x86-64 switch below) instead of 128 futex wake-ups; one OS
-// thread per CUDA thread measured ~0.5 s per small launch, fibers ~7 ms. ucontext (portable,
-// used on aarch64 and macOS) is ~17x slower than the hand-written switch but still fine.
+// switches of ~10 ns (the hand-written x86-64 switch in emu_fibers.h) instead of 128 futex
+// wake-ups; the project's feasibility experiment measured ~0.5 s per small launch with one OS
+// thread per CUDA thread and ~7 ms with fibers. ucontext (portable, used on aarch64 and macOS)
+// is ~17x slower than the hand-written switch but still fine.
+//
+// Files: emu_fibers.h (the fiber runtime), emu_half.h (a software __half), this file (the
+// CUDA model: built-in variables, barriers, shuffles, shared memory, the launcher).
 //
 // What it checks, and reports instead of hanging (the launch returns an error message):
 //   - deadlock: threads wait at different __syncthreads() calls, or nobody can run;
@@ -35,10 +39,6 @@
 // This header is never seen by nvcc or NVRTC: common.cuh includes it only #ifndef __CUDACC__.
 #pragma once
 
-#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
-#define _XOPEN_SOURCE 600  // macOS exposes ucontext only with this
-#endif
-
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -47,32 +47,11 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
-#if defined(__x86_64__) && defined(__linux__) && !defined(EMU_FORCE_UCONTEXT)
-#define EMU_FAST_SWITCH 1
-#else
-#define EMU_FAST_SWITCH 0
-#include <ucontext.h>
-#endif
-
-#if defined(__SANITIZE_ADDRESS__)
-#define EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EMU_ASAN 1
-#endif
-#endif
-#ifndef EMU_ASAN
-#define EMU_ASAN 0
-#endif
-#if EMU_ASAN
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
+#include "emu_fibers.h"  // fibers: stacks, the context switch, ASan annotations
+#include "emu_half.h"    // a software __half
 
 // ---------------------------------------------------------------------------------------------
 // The CUDA keywords. On the CPU a __global__ / __device__ function is an ordinary function;
@@ -93,77 +72,6 @@ struct dim3 {
 };
 using uint3 = dim3;
 
-// ---------------------------------------------------------------------------------------------
-// A software __half: IEEE binary16 stored as its 16 bits, converted with round-to-nearest-even
-// exactly as the GPU's cvt.rn.f16.f32 does (tests compare it with NumPy's float16 on every
-// half value and on many floats).
-struct __half {
-  uint16_t __x;
-};
-
-inline float __half2float(__half h) {
-  const uint32_t sign = (uint32_t)(h.__x & 0x8000u) << 16;
-  uint32_t exp = (h.__x >> 10) & 0x1fu;
-  uint32_t mant = h.__x & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {  // inf or NaN: keep the payload
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {  // normal: re-bias the exponent 15 -> 127
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {  // signed zero
-    bits = sign;
-  } else {  // subnormal half: normalise it, every one is a normal float
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      exp--;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline __half __float2half(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
-  const uint32_t absb = bits & 0x7fffffffu;
-  __half h;
-  if (absb >= 0x7f800000u) {  // inf, or NaN (kept quiet and non-zero)
-    h.__x = sign | (absb > 0x7f800000u ? (uint16_t)(0x7e00u | ((absb >> 13) & 0x3ffu))
-                                       : (uint16_t)0x7c00u);
-    return h;
-  }
-  if (absb >= 0x477ff000u) {  // rounds to >= 65520: overflows to inf
-    h.__x = sign | 0x7c00u;
-    return h;
-  }
-  if (absb < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
-    if (absb < 0x33000000u) {  // below half of the smallest subnormal (2^-25): rounds to 0
-      h.__x = sign;
-      return h;
-    }
-    const uint32_t e = absb >> 23;
-    const uint32_t m = (absb & 0x7fffffu) | 0x800000u;  // with the implicit 1
-    const uint32_t shift = 126u - e;                      // 14..24 bits to drop
-    uint32_t r = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u);
-    const uint32_t halfway = 1u << (shift - 1u);
-    if (rem > halfway || (rem == halfway && (r & 1u))) r++;
-    h.__x = sign | (uint16_t)r;
-    return h;
-  }
-  // normal: drop 13 mantissa bits with round-to-nearest-even; a carry may bump the exponent
-  uint32_t r = absb - 0x38000000u;  // re-bias 127 -> 15 (in place, exponent field)
-  const uint32_t rem = r & 0x1fffu;
-  r >>= 13;
-  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
-  h.__x = sign | (uint16_t)r;
-  return h;
-}
-
 // The math functions CUDA device code calls (expf, fmaxf, ...) are glibc's, from <cmath>: not
 // bit-identical to CUDA's (see the limits above).
 
@@ -180,15 +88,7 @@ struct Fiber {
   State state = State::Runnable;
   const char* file = nullptr;  // where it waits (a __syncthreads() or a shuffle call site)
   int line = 0;
-  void* sp = nullptr;          // saved stack pointer (fast switch)
-  char* stack = nullptr;       // lowest usable address of its stack
-  size_t stack_size = 0;
-#if !EMU_FAST_SWITCH
-  ucontext_t ctx;
-#endif
-#if EMU_ASAN
-  void* fake_stack = nullptr;
-#endif
+  fiber::Context ctx;          // its stack and saved registers (emu_fibers.h)
 };
 
 // One warp's meeting point for shuffles: every live lane deposits its value and where it wants
@@ -223,20 +123,6 @@ struct Runtime {
   std::string error;
   void (*body)(void*) = nullptr;  // the kernel call, type-erased
   void* body_arg = nullptr;
-  // the scheduler's own context
-  void* main_sp = nullptr;
-#if !EMU_FAST_SWITCH
-  ucontext_t main_ctx;
-#endif
-#if EMU_ASAN
-  const void* main_stack_bottom = nullptr;
-  size_t main_stack_size = 0;
-#endif
-  // stacks: one mmap'd region, a guard page below each stack (an overflow faults, never
-  // silently scribbles over the neighbour's stack)
-  char* stack_region = nullptr;
-  size_t stack_region_size = 0;
-  int stacks = 0;
   // the dynamic shared memory of the running launch (extern __shared__ on a GPU)
   std::vector<unsigned char> dyn_smem;
   // tracing (off unless trace_capacity > 0)
@@ -253,147 +139,10 @@ inline std::mutex& launch_mutex() {  // launches run one at a time (the statics 
   return m;
 }
 
-#if EMU_ASAN
-constexpr size_t kStackSize = 512 * 1024;  // ASan's redzones make frames several times larger
-#else
-constexpr size_t kStackSize = 128 * 1024;
-#endif
-
-inline size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
-
-inline void ensure_stacks(int n) {
-  Runtime& r = rt();
-  if (r.stacks >= n) return;
-  if (r.stack_region) munmap(r.stack_region, r.stack_region_size);
-  const size_t per = kStackSize + page_size();
-  r.stack_region_size = per * (size_t)n;
-  void* p = mmap(nullptr, r.stack_region_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
-  if (p == MAP_FAILED) {
-    std::fprintf(stderr, "cuda_emu: cannot map %zu bytes of fiber stacks\n", r.stack_region_size);
-    std::abort();
-  }
-  r.stack_region = (char*)p;
-  for (int i = 0; i < n; i++) mprotect(r.stack_region + per * i, page_size(), PROT_NONE);
-  r.stacks = n;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The context switch. switch_to(save, to): store the callee-saved registers and the stack
-// pointer of the running code in *save, load those of `to`, and return into it. The System V
-// ABI says a called function may clobber every other register, so these six plus rsp are the
-// whole state of a suspended function.
-#if EMU_FAST_SWITCH
-extern "C" void emu_switch_x86(void** save_sp, void* to_sp);
-extern "C" void emu_fiber_trampoline();
-#ifndef EMU_NO_SWITCH_DEFINITION  // a library built from several files defines it in one
-asm(R"(
-.text
-.globl emu_switch_x86
-.hidden emu_switch_x86
-.type emu_switch_x86,@function
-emu_switch_x86:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-.size emu_switch_x86,.-emu_switch_x86
-
-.globl emu_fiber_trampoline
-.hidden emu_fiber_trampoline
-.type emu_fiber_trampoline,@function
-emu_fiber_trampoline:
-    movq %r12, %rdi
-    callq *%r13
-    ud2
-.size emu_fiber_trampoline,.-emu_fiber_trampoline
-)");
-#endif
-#endif
-
 [[noreturn]] inline void fiber_main(Fiber* f);
 
-// scheduler -> fiber
-inline void resume(Fiber* f) {
-  Runtime& r = rt();
-  r.cur = f;
-#if EMU_ASAN
-  void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, f->stack, f->stack_size);
-#endif
-#if EMU_FAST_SWITCH
-  emu_switch_x86(&r.main_sp, f->sp);
-#else
-  swapcontext(&r.main_ctx, &f->ctx);
-#endif
-#if EMU_ASAN
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-  r.cur = nullptr;
-}
-
 // fiber -> scheduler (the fiber will be resumed later, unless `finished`)
-inline void yield_to_scheduler(bool finished) {
-  Runtime& r = rt();
-  Fiber* f = r.cur;
-#if EMU_ASAN
-  __sanitizer_start_switch_fiber(finished ? nullptr : &f->fake_stack, r.main_stack_bottom,
-                                 r.main_stack_size);
-#endif
-#if EMU_FAST_SWITCH
-  emu_switch_x86(&f->sp, r.main_sp);
-#else
-  swapcontext(&f->ctx, &r.main_ctx);
-#endif
-#if EMU_ASAN
-  __sanitizer_finish_switch_fiber(f->fake_stack, &r.main_stack_bottom, &r.main_stack_size);
-#endif
-}
-
-#if !EMU_FAST_SWITCH
-inline Fiber* g_starting = nullptr;  // makecontext passes only ints; hand the fiber over here
-inline void ucontext_entry() { fiber_main(g_starting); }
-#endif
-
-inline void init_fiber(Fiber& f, char* stack, size_t size) {
-  f.stack = stack;
-  f.stack_size = size;
-#if EMU_FAST_SWITCH
-  // Build the frame that emu_switch_x86 pops: r15 r14 r13 r12 rbx rbp, then the return address
-  // (the trampoline, which calls fiber_main(r12) via r13). After the `ret` the stack pointer
-  // must be 16-byte aligned so that the trampoline's `call` leaves the callee 8 off alignment,
-  // as the ABI expects.
-  uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
-  uint64_t* sp = (uint64_t*)(top - 72);  // 9 slots; sp % 16 == 8, so sp + 56 is aligned
-  sp[0] = 0;                             // r15
-  sp[1] = 0;                             // r14
-  sp[2] = (uint64_t)(uintptr_t)&fiber_main;  // r13: what the trampoline calls
-  sp[3] = (uint64_t)(uintptr_t)&f;           // r12: its argument
-  sp[4] = 0;                                 // rbx
-  sp[5] = 0;                                 // rbp
-  sp[6] = (uint64_t)(uintptr_t)&emu_fiber_trampoline;  // return address of the first switch
-  sp[7] = 0;
-  sp[8] = 0;
-  f.sp = sp;
-#else
-  getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = stack;
-  f.ctx.uc_stack.ss_size = size;
-  f.ctx.uc_link = nullptr;
-  makecontext(&f.ctx, (void (*)())ucontext_entry, 0);
-#endif
-}
+inline void yield_to_scheduler(bool finished) { fiber::suspend(finished); }
 
 inline std::string where(const char* file, int line) {
   const char* base = file ? std::strrchr(file, '/') : nullptr;
@@ -455,6 +204,7 @@ inline void syncthreads(const char* file, int line) {
   }
   r.bar_file = file;
   r.bar_line = line;
+  if (r.trace_capacity && f->linear % 32 == 0) trace(line, "__syncthreads()", 0);
   if (++r.at_barrier == r.live) {  // the last one in opens the barrier and carries on
     release_barrier();
     return;
@@ -507,6 +257,7 @@ inline T shuffle(const char* file, int line, unsigned mask, T var, int src_lane,
   }
   w.file = file;
   w.line = line;
+  if (r.trace_capacity && lane == 0) trace(line, is_xor ? "__shfl_xor_sync" : "__shfl_sync", src_lane);
   uint64_t bits = 0;
   std::memcpy(&bits, &var, sizeof(T));
   w.value[lane] = bits;
@@ -543,9 +294,6 @@ inline T shfl(const char* file, int line, unsigned mask, T var, int src_lane, in
 
 [[noreturn]] inline void fiber_main(Fiber* f) {
   Runtime& r = rt();
-#if EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &r.main_stack_bottom, &r.main_stack_size);
-#endif
   r.body(r.body_arg);
   f->state = State::Done;
   r.live--;
@@ -567,18 +315,13 @@ inline T shfl(const char* file, int line, unsigned mask, T var, int src_lane, in
 inline bool run_block() {
   Runtime& r = rt();
   const int n = (int)r.fibers.size();
-  const size_t per = kStackSize + page_size();
   for (int i = 0; i < n; i++) {
     Fiber& f = r.fibers[i];
     f.state = State::Runnable;
     f.file = nullptr;
     f.line = 0;
-    char* stack = r.stack_region + per * i + page_size();
-#if EMU_ASAN
-    // frames abandoned by the previous block (or a failed one) left poison behind
-    __asan_unpoison_memory_region(stack, kStackSize);
-#endif
-    init_fiber(f, stack, kStackSize);
+    fiber::init(f.ctx, fiber::stack_at(i), fiber::kStackSize,
+                [](void* p) { fiber_main(static_cast<Fiber*>(p)); }, &f);
   }
   for (WarpShuffle& w : r.warps) w.arrived = 0;
   r.live = n;
@@ -590,10 +333,9 @@ inline bool run_block() {
       Fiber& f = r.fibers[i];
       if (f.state != State::Runnable) continue;
       ran = true;
-#if !EMU_FAST_SWITCH
-      g_starting = &f;
-#endif
-      resume(&f);
+r.cur = &f;
+      fiber::resume(f.ctx);
+      r.cur = nullptr;
     }
     if (r.failed) return false;
     if (r.live == 0) return true;
@@ -635,7 +377,7 @@ int launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, F&& body) {
     r.error = "blockDim has " + std::to_string(nthreads) + " threads; CUDA allows 1 to 1024";
     return 1;
   }
-  ensure_stacks((int)nthreads);
+  fiber::ensure_stacks((int)nthreads);
   r.fibers.assign((size_t)nthreads, Fiber{});
   r.warps.assign((size_t)((nthreads + 31) / 32), WarpShuffle{});
   for (unsigned z = 0, i = 0; z < block.z; z++)

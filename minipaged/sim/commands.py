@@ -150,9 +150,18 @@ def summary_table(results: dict, title: str):
     return t
 
 
+def _str_keys(obj):
+    """JSON objects have string keys; experiment results are keyed by block size or width."""
+    if isinstance(obj, dict):
+        return {str(k): _str_keys(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_str_keys(v) for v in obj]
+    return obj
+
+
 def write_json(path: str, obj) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        json.dump(_str_keys(obj), f, indent=2, sort_keys=True, default=str)
         f.write("\n")
 
 

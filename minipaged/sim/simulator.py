@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from minipaged.memory_policy import PagedPolicy, make_policy
 from minipaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
 from minipaged.sim.cost import CostModel
-from minipaged.sim.memory import preset
+from minipaged.sim.memory import check_block_size, preset
 from minipaged.sim.workloads import make_workload, prompt_token_ids
 from minipaged.usage import CATEGORIES
 
@@ -65,6 +65,10 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.sharing not in ("cow", "prefix"):
             raise ValueError(f"sharing={self.sharing!r} must be 'cow' or 'prefix'")
+        check_block_size(self.block_size)
+        if self.policy != "paged" and (self.n > 1 or self.beam_width > 1):
+            raise ValueError(f"policy={self.policy!r} cannot share memory between sequences: "
+                             f"n={self.n} / beam_width={self.beam_width} need policy='paged'")
         if self.usage_every is not None and self.usage_every < 1:
             raise ValueError(f"usage_every={self.usage_every} must be >= 1")
 
@@ -174,7 +178,7 @@ def build(cfg: SimConfig):
     sched = Scheduler(policy, SchedulerConfig(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_len, chunked_prefill=cfg.chunked_prefill,
-        preemption_mode=cfg.preemption_mode))
+        preemption_mode=cfg.preemption_mode, keep_outputs=False))
     cost = CostModel.for_preset(p)
     ex = SimExecutor(cost, p.model.kv_bytes_per_token * cfg.block_size, cfg.seed,
                      sharing=cfg.n > 1 or cfg.beam_width > 1,

@@ -1,4 +1,4 @@
-"""Shared test data for the CUDA tests: random paged-attention cases and their placements.
+"""Shared data for the CUDA tests (no tests here): random paged-attention cases, placements.
 
 A *case* is the logical content (queries and each sequence's K/V in token order); a *placement*
 puts that content into a physical pool through block tables. The kernels must give the same

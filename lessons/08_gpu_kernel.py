@@ -1,0 +1,182 @@
+# %% [markdown]
+# # Lesson 08: the paged attention kernel, and how a GPU runs it
+# requires: cuda-cpu
+#
+# Lessons 03-07 computed paged attention in NumPy: gather each sequence's K/V through its block
+# table, or walk the table block by block with the online softmax (`method="online"`). A GPU
+# does the walk with thousands of threads at once. This lesson runs the real CUDA kernel,
+# `minipaged/cuda/paged_attention.cu`, and shows what each piece of the GPU does with it.
+#
+# No GPU here? The same `.cu` text is compiled by g++ against `minipaged/cuda/cuda_emu.h`, a
+# small header that emulates CUDA's execution model on the CPU: every CUDA thread becomes a
+# *fiber* (a function with its own stack that runs until it must wait for others). Slow, but
+# faithful to the rules, and it can *trace* what each warp does. With CuPy and a GPU, the last
+# cell runs the same kernel on the device.
+#
+# The words (CUDA's, not ours):
+# - **grid**: all the thread blocks of one launch; here one block per (query head, sequence).
+# - **thread block**: 128 threads that share **shared memory** and meet at `__syncthreads()`.
+# - **warp**: 32 consecutive threads of a block that execute in lockstep; its **lanes** can read
+#   each other's registers with `__shfl_xor_sync` (no memory involved).
+#
+# Code: `minipaged/cuda/` (start with paged_attention.cu). Paper: vLLM section 4.1.
+# Next: lesson 09 (a model end to end).
+
+# %%
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from minipaged.cuda import KernelError, cpu_build
+from minipaged.cuda import paged_attention as kernel_attention
+from minipaged.paged_attention import paged_attention as numpy_attention
+
+console = Console()
+rng = np.random.default_rng(0)
+
+# 2 sequences of 70 and 20 tokens, 4 query heads sharing 2 KV heads (GQA), D=64, BS=16.
+S, H, HKV, D, BS = 2, 4, 2, 64, 16
+lens = np.array([70, 20], np.int32)
+NB = 12
+q = rng.standard_normal((S, H, D)).astype(np.float32)                 # [S, H, D]
+key_cache = rng.standard_normal((NB, HKV, BS, D)).astype(np.float32)  # [NB, Hkv, BS, D]
+value_cache = rng.standard_normal((NB, HKV, BS, D)).astype(np.float32)
+physical = rng.permutation(NB)
+block_tables = np.full((S, 5), -1, np.int32)                          # [S, MB]
+block_tables[0, :5] = physical[:5]   # ceil(70 / 16) = 5 blocks
+block_tables[1, :2] = physical[5:7]  # ceil(20 / 16) = 2 blocks
+console.print(f"block tables (logical -> physical):\n{block_tables}")
+
+# %% [markdown]
+# ## The launch: grid, blocks, warps, thread groups
+# One thread block computes one query head of one sequence: grid = (H, S) = (4, 2), 8 blocks of
+# 128 threads = 4 warps each. The 4 warps take the sequence's *logical* KV blocks in turn
+# (warp w reads blocks w, w+4, ...), following the block table to the physical block. Inside a
+# warp, the 32 lanes split into BS = 16 *thread groups* of 2 lanes: each group computes one
+# token's q.k (each lane half of the 64 products, then one shuffle adds the halves). The logits
+# go to shared memory, so the softmax can see all of them.
+
+# %%
+table = Table(title="launch geometry", title_justify="left")
+table.add_column("what")
+table.add_column("value", justify="right")
+group = max(32 // BS, 1)
+rows = [("grid (heads, sequences)", f"({H}, {S})"), ("threads per block", "128 = 4 warps"),
+        ("lanes per token (thread group)", f"32 / BS = {group}"),
+        ("tokens per warp at a time", f"{32 // group}"),
+        ("shared memory for logits (v1)", f"{-(-int(lens.max()) // BS) * BS * 4} bytes"),
+        ("query heads per KV head (GQA)", f"{H // HKV}: head h reads KV head h // {H // HKV}")]
+for r in rows:
+    table.add_row(*r)
+console.print(table)
+
+# %% [markdown]
+# ## A trace of what each warp did
+# The harness records every `MP_TRACE` point in the kernel and, from lane 0 of each warp, every
+# barrier and shuffle. Here is thread block (head 0, sequence 0): 70 tokens, 5 logical blocks.
+
+# %%
+with cpu_build.tracing() as events:
+    out = kernel_attention(q, key_cache, value_cache, block_tables, lens, backend="cpu")
+
+mine = [e for e in events if e.block == (0, 0, 0)]
+BARRIERS = ["query in shared memory", "block max", "block sum", "warps' outputs posted"]
+table = Table(title="thread block (head 0, seq 0): what each warp did", title_justify="left")
+table.add_column("warp")
+table.add_column("K blocks read (logical -> physical)")
+table.add_column("shuffles", justify="right")
+table.add_column("barriers", justify="right")
+timeline = []  # warp 0's steps in order
+for w in range(4):
+    steps = [e for e in mine if e.thread == 32 * w]  # lane 0 speaks for its warp
+    reads = [e.value for e in steps if e.what == "warp reads K of logical block"]
+    shuffles = sum(e.what.startswith("__shfl") for e in steps)
+    barriers = sum(e.what == "__syncthreads()" for e in steps)
+    table.add_row(str(w), ", ".join(f"{b} -> {block_tables[0, b]}" for b in reads),
+                  str(shuffles), str(barriers))
+    if w == 0:
+        nbar = 0
+        for e in steps:
+            if e.what == "__syncthreads()":
+                timeline.append(f"[bold]barrier ({BARRIERS[nbar]})[/]")
+                nbar += 1
+            elif e.what.startswith("__shfl"):
+                timeline.append(f"shfl xor {e.value}")
+            else:
+                timeline.append(f"read K block {e.value}")
+console.print(table)
+console.print("warp 0, step by step: " + " > ".join(timeline))
+console.print(
+    "Reading a KV block costs one shuffle here (two lanes per token: xor 1 adds the halves). "
+    "The max is reduced with 5 shuffles (lanes 16, 8, 4, 2, 1 apart), posted to shared memory "
+    "and read back after a barrier; the same for the sum. Then each warp accumulates V over its "
+    "own blocks (no shuffles: lane l owns output dimensions l, l+32), and a last barrier lets "
+    "the 4 warps' partial outputs be added in a fixed order.")
+
+# %% [markdown]
+# ## Same answer as the NumPy oracle
+# Different summation order, so not bit-equal to NumPy, but within float32 rounding. (Within
+# the kernel, any placement of the blocks gives the same bits: tests/test_cuda_cpu.py.)
+
+# %%
+expected = numpy_attention(q, key_cache, value_cache, block_tables, lens)
+console.print(f"max |kernel - numpy| = {np.abs(out - expected).max():.2e}  "
+              f"(output {out.shape}, {out.dtype})")
+
+# %% [markdown]
+# ## Version 2: partitions for long contexts
+# With few sequences, v1 gives the GPU only H*S thread blocks. v2 cuts each context into
+# partitions of 512 tokens: one block per (head, sequence, partition), then a small reduce
+# kernel rescales each partition's result by exp(local max - global max) and combines them,
+# the online softmax at partition granularity.
+
+# %%
+long_lens = np.array([1300], np.int32)
+nblocks = -(-1300 // BS)
+big_k = rng.standard_normal((nblocks, HKV, BS, D)).astype(np.float32)
+big_v = rng.standard_normal((nblocks, HKV, BS, D)).astype(np.float32)
+big_tables = rng.permutation(nblocks).astype(np.int32)[None, :]
+qq = q[:1]
+with cpu_build.tracing() as events:
+    v2 = kernel_attention(qq, big_k, big_v, big_tables, long_lens, backend="cpu", version=2)
+v1 = kernel_attention(qq, big_k, big_v, big_tables, long_lens, backend="cpu", version=1)
+blocks_seen = sorted({e.block for e in events if e.what == "warp reads K of logical block"})
+console.print(f"v2 thread blocks that read K (head, seq, partition): {blocks_seen[:3]} ... "
+              f"{len(blocks_seen)} in all = {H} heads x ceil(1300 / 512) = 3 partitions")
+console.print(f"max |v1 - v2| = {np.abs(v1 - v2).max():.2e}")
+
+# %% [markdown]
+# ## What the harness catches
+# A `__shfl_xor_sync` inside an `if` that splits a warp is undefined behaviour in CUDA: on a GPU
+# it may hang or return garbage. The emulator checks that every lane of a warp reaches the
+# same shuffle, every thread the same barrier, and that nobody exits while others wait.
+# `minipaged/cuda/broken_kernels.cu` has one bug per kernel; here is bug 2.
+
+# %%
+lib = cpu_build.load()
+buf = np.zeros(2, np.float32)
+try:
+    cpu_build.check(lib, lib.mp_broken(2, 64, buf.ctypes.data))
+except KernelError as e:
+    console.print(f"[red]KernelError:[/] {e}")
+
+# %% [markdown]
+# ## On a real GPU
+# With CuPy and a CUDA device, the same kernel text is compiled by NVRTC and launched there.
+
+# %%
+try:
+    import cupy
+
+    have_gpu = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean "no GPU"
+    have_gpu = False
+if have_gpu:
+    on_gpu = kernel_attention(*(cupy.asarray(a) for a in (q, key_cache, value_cache,
+                                                          block_tables, lens)), backend="cupy")
+    console.print(f"GPU: max |gpu - cpu harness| = {np.abs(on_gpu.get() - out).max():.2e}")
+else:
+    console.print("No GPU here: the CPU harness above ran the very same kernel text. Measure a "
+                  "GPU with `minipaged bench kernel --backend cupy`.")

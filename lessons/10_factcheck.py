@@ -1,0 +1,82 @@
+# %% [markdown]
+# # Lesson 10: fact-checking an interview answer with the instruments we built
+#
+# A popular interview answer about PagedAttention (`shared/seeds/`, in Chinese) is fluent,
+# mostly right in spirit, and wrong in several numbers. Every checkable claim in it can be
+# measured with what the course built: the simulator (lesson 06), the calculator and the block
+# size sweep (lesson 07), and the block managers themselves (lessons 03-05). This lesson runs
+# `minipaged factcheck --quick` and walks through the findings.
+#
+# Code: `minipaged/factcheck.py`. Read before: lessons 06 and 07.
+
+# %%
+from __future__ import annotations
+
+from rich.console import Console
+
+from minipaged import factcheck
+from minipaged.kv_cache import KVCacheManager
+
+console = Console()
+
+# %% [markdown]
+# ## Every claim, measured
+#
+# Verdicts: **holds** (our measurement or the paper agrees), **off** (it disagrees; the right
+# figure is given), **unsupported** (neither the paper nor the code says so, and our
+# measurements do not back it). The full-size run (`minipaged factcheck`) simulates 600-1000
+# requests per policy; `--quick` uses fewer, and the figures move by a point or two.
+
+# %%
+findings = factcheck.run(quick=True)
+console.print(factcheck.table(findings))
+by_id = {f.claim_id: f for f in findings}
+
+# %% [markdown]
+# ## Three claims up close
+#
+# **"Pre-allocation uses only 30%-60% of KV memory (the vLLM paper's data)."** The paper's own
+# Fig. 2 says 20.4% to 38.2%, and our simulation of the three Orca policies reproduces that
+# range: the quoted band is both too high and too wide. The follow-on "90%+ with paging" holds
+# (the paper: 96.3%; ours is within a point).
+
+# %%
+f = by_id["utilization-before"]
+console.print(f"measured: {f.measured}\nverdict: {f.verdict}: {f.right}")
+
+# %% [markdown]
+# **"vLLM caps a shared block's reference count at 16."** No such cap exists: here is one
+# block with more than a hundred owners. Copy-on-write costs one block copy per writer, and
+# only for the last, partly filled block, so there is nothing to cap. 16 is the default
+# *block size*, which is probably where the number came from.
+
+# %%
+m = KVCacheManager(4, 16)
+m.allocate("prompt", list(range(10)))
+for i in range(150):
+    m.fork("prompt", f"sample{i}")
+console.print(f"reference count of block {m.block_table('prompt')[0]}: "
+              f"{m.ref_count(m.block_table('prompt')[0])}")
+
+# %% [markdown]
+# **"Block tables take about 0.5 GB per 1000 requests at 32K tokens."** One int32 per block:
+# 32768 / 16 = 2048 entries = 8 KiB per request, 8 MiB per 1000. The claim is off by a factor
+# of about 65, and even its own follow-up (8 bytes per entry at 128K tokens: 64 KB per
+# request) contradicts it. Table memory is never the problem; K/V memory is (25 GiB per
+# 32K-token request on OPT-13B).
+
+# %%
+for cid in ("block-table-32k", "block-table-128k", "block-32-example"):
+    f = by_id[cid]
+    console.print(f"[bold]{f.claim}[/bold]\n  measured: {f.measured}\n  {f.verdict}: {f.right}")
+
+# %% [markdown]
+# ## What to say instead (30 seconds)
+#
+# Contiguous reservations leave only 20-38% of KV memory holding tokens (paper, Fig. 2);
+# paging allocates 16-token blocks on demand through a per-request block table, wasting less
+# than one block per sequence (about 96% holds tokens), which lets the scheduler run a much
+# larger batch and serve 2-4x the request rate at the same latency. Blocks can be shared by
+# reference count with copy-on-write (parallel sampling saves ~6-10%, beam search ~38-55%),
+# with no cap on the count. When blocks run out, vLLM preempts whole requests by swapping or
+# recomputation, and its prefix cache evicts least-recently-used blocks.

@@ -1,0 +1,23 @@
+"""``minipaged bench kernel``: it checks before it times, and it says so when there is no GPU."""
+
+from __future__ import annotations
+
+import pytest
+from capabilities import have
+
+from minipaged.cli import main
+
+
+@pytest.mark.requires("cuda-cpu")
+def test_bench_kernel_cpu_quick(capsys):
+    assert main(["bench", "kernel", "--backend", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "check v1 against the NumPy oracle" in out and "check v2" in out and "FAIL" not in out
+    assert "KV GB/s" in out and "v2" in out
+
+
+@pytest.mark.skipif(have("gpu"), reason="this machine has a GPU: the no-GPU message cannot show")
+def test_bench_kernel_cupy_without_gpu_says_so(capsys):
+    assert main(["bench", "kernel", "--backend", "cupy"]) == 1
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "No GPU" in out and "Nothing was measured" in out

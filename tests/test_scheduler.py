@@ -1,0 +1,147 @@
+"""Scheduler unit tests: bad inputs, the step output's shape, chunked prefill, preemption modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from minipaged.memory_policy import make_policy
+from minipaged.scheduler import Scheduler, SchedulerConfig, StepResult
+from minipaged.sim.cost import CostModel
+from minipaged.sim.memory import preset
+from minipaged.sim.simulator import SimExecutor
+
+COST = CostModel.for_preset(preset("opt-13b"))
+
+
+def paged(num_blocks=16, block_size=4, **kw):
+    return make_policy("paged", num_slots=num_blocks * block_size, block_size=block_size,
+                       max_seq_len=64, num_cpu_blocks=64, **kw)
+
+
+def run(s: Scheduler, max_steps=10_000):
+    ex = SimExecutor(COST, 1, seed=0)
+    now, outs = 0.0, []
+    while s.has_unfinished() and len(outs) < max_steps:
+        out = s.schedule()
+        res = ex.execute(out)
+        now += res.duration_s
+        s.update(out, res, now)
+        outs.append(out)
+    return outs
+
+
+def test_bad_requests_are_refused_with_the_reason():
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    with pytest.raises(ValueError, match="prompt_token_ids is empty"):
+        s.add_request(0, [], 4)
+    with pytest.raises(ValueError, match="output_len=0"):
+        s.add_request(0, [1], 0)
+    with pytest.raises(ValueError, match="exceeds max_model_len=64"):
+        s.add_request(0, [1] * 60, 5)
+    with pytest.raises(ValueError, match="at most one of them"):
+        s.add_request(0, [1], 4, n=2, beam_width=2)
+    s.add_request(0, [1], 4, arrival_s=2.0)
+    with pytest.raises(ValueError, match="arrival order"):
+        s.add_request(1, [1], 4, arrival_s=1.0)
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="preemption_mode"):
+        SchedulerConfig(preemption_mode="drop")
+    with pytest.raises(ValueError, match="max_num_batched_tokens=100 must be >= max_model_len"):
+        SchedulerConfig(max_num_batched_tokens=100, max_model_len=2048)
+    with pytest.raises(ValueError, match="watermark"):
+        paged(watermark=1.5)
+
+
+def test_contiguous_policies_refuse_sharing():
+    s = Scheduler(make_policy("orca-oracle", num_slots=256, max_seq_len=64),
+                  SchedulerConfig(max_model_len=64))
+    with pytest.raises(ValueError, match="cannot share memory"):
+        s.add_request(0, [1, 2], 4, n=2)
+
+
+def test_step_result_must_match_sampled_sequences():
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    s.add_request(0, [1, 2, 3], 4)
+    out = s.schedule()
+    assert [c.end - c.start for c in out.prefills] == [3] and out.sampled == [out.prefills[0].seq]
+    with pytest.raises(ValueError, match="2 entries for 1 sampled"):
+        s.update(out, StepResult(0.1, [5, 6]), 0.1)
+
+
+def test_v0_steps_are_all_prefill_or_all_decode_and_finish():
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    for i in range(3):
+        s.add_request(i, [i + 1] * 5, 3)
+    outs = run(s)
+    assert all(not (o.prefills and o.decodes) for o in outs)
+    assert outs[0].num_prefill_tokens == 15 and not outs[0].decodes
+    assert [len(g.outputs[0]) for g in s.finished] == [8, 8, 8]
+    m = s.policy.manager
+    assert m.num_free_blocks == m.num_blocks
+
+
+def test_chunked_prefill_respects_the_token_budget_and_decodes_first():
+    s = Scheduler(paged(num_blocks=32), SchedulerConfig(max_model_len=64, chunked_prefill=True,
+                                                        max_num_batched_tokens=8))
+    s.add_request(0, [1] * 3, 6)
+    s.add_request(1, [2] * 30, 2)
+    outs = run(s)
+    assert all(o.num_tokens <= 8 for o in outs)
+    chunks = [(c.start, c.end) for o in outs for c in o.prefills if c.seq.group.request_id == 1]
+    assert chunks[0][0] == 0 and chunks[-1][1] == 30 and len(chunks) >= 4
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:])), "chunks must be contiguous"
+    mixed = [o for o in outs if o.prefills and o.decodes]
+    assert mixed, "chunked prefill should mix decodes and prefill chunks in one step"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_mode_is_honoured(mode):
+    # 6 blocks of 4 slots: three requests growing to 20 tokens cannot all stay.
+    s = Scheduler(paged(num_blocks=8, watermark=0.0),
+                  SchedulerConfig(max_model_len=64, preemption_mode=mode))
+    for i in range(3):
+        s.add_request(i, [i + 1] * 4, 16)
+    outs = run(s)
+    modes = {m for o in outs for _, m in o.preempted}
+    assert modes == {mode}
+    if mode == "swap":
+        assert any(o.blocks_to_swap_out for o in outs) and any(o.blocks_to_swap_in for o in outs)
+    assert len(s.finished) == 3 and s.num_preemptions > 0
+
+
+def test_parallel_sampling_forks_and_copies_on_write():
+    s = Scheduler(paged(num_blocks=32), SchedulerConfig(max_model_len=64))
+    s.add_request(0, [7] * 6, 3, n=3)  # 6 tokens in blocks of 4: the last block is shared
+    outs = run(s)
+    copies = [p for o in outs for p in o.blocks_to_copy]
+    assert len(copies) == 2, "two of the three samples copy the shared partial block"
+    g = s.finished[0]
+    assert len(g.outputs) == 3 and len({tuple(o) for o in g.outputs}) == 3
+
+
+def test_a_request_too_big_for_the_cache_is_rejected_not_waited_for():
+    s = Scheduler(paged(num_blocks=4, block_size=2), SchedulerConfig(max_model_len=64))
+    s.add_request(0, [1] * 20, 2)
+    s.add_request(1, [1] * 2, 2)
+    run(s)
+    assert [g.request_id for g in s.rejected] == [0]
+    assert [g.request_id for g in s.finished] == [1]
+
+
+def test_finish_seq_ends_a_sequence_early_and_frees_it():
+    s = Scheduler(paged(num_blocks=32), SchedulerConfig(max_model_len=64))
+    g = s.add_request(0, [1, 2, 3], 10, n=2)
+    ex = SimExecutor(COST, 1, seed=0)
+    out = s.schedule()
+    s.update(out, ex.execute(out), 0.1)
+    assert len(g.seqs) == 2
+    first, second = g.seqs
+    assert s.finish_seq(first, 0.2) is False and g.status == "running"
+    with pytest.raises(ValueError, match="not a running sequence"):
+        s.finish_seq(first, 0.2)
+    assert s.finish_seq(second, 0.3) is True
+    assert g.status == "finished" and g.finish_s == 0.3 and not s.has_unfinished()
+    m = s.policy.manager
+    assert m.num_free_blocks == m.num_blocks and len(g.outputs) == 2

@@ -1,0 +1,269 @@
+"""Workloads, the memory calculator, the cost model and the simulator end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from minipaged.cli import main
+from minipaged.sim import experiments
+from minipaged.sim.cost import CostModel
+from minipaged.sim.memory import GiB, block_table_bytes, kv_calc, preset
+from minipaged.sim.simulator import SimConfig, simulate
+from minipaged.sim.workloads import WORKLOADS, load_jsonl, make_workload, synthetic
+
+# ---- workloads -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_synthetic_means_caps_and_seeding(name):
+    reqs = synthetic(name, 20000, seed=3)
+    p = np.array([r.prompt_len for r in reqs])
+    o = np.array([r.output_len for r in reqs])
+    dist_in, dist_out = WORKLOADS[name]
+    # 3%: sampling error of a heavy-tailed mean over 20K draws plus the joint cap, which trims
+    # outputs of long prompts (the calibration only corrects each marginal for its own cap).
+    assert abs(p.mean() / dist_in.mean - 1) < 0.03
+    assert abs(o.mean() / dist_out.mean - 1) < 0.03
+    assert p.min() >= 1 and o.min() >= 1 and (p + o).max() <= 2048
+    assert synthetic(name, 500, seed=3) == synthetic(name, 500, seed=3)
+    assert synthetic(name, 200, seed=1) != synthetic(name, 200, seed=2)
+
+
+def test_poisson_arrivals():
+    reqs = synthetic("alpaca", 20000, request_rate=4.0, seed=0)
+    t = np.array([r.arrival_s for r in reqs])
+    assert np.all(np.diff(t) >= 0)
+    # Mean gap 1/rate; 3% is ~4 standard errors of the mean of 20K exponential gaps.
+    assert abs(np.diff(t).mean() * 4.0 - 1) < 0.03
+    assert all(r.arrival_s == 0 for r in synthetic("alpaca", 10, request_rate=math.inf))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(name="lmsys"), "workload='lmsys' is not one of"),
+    (dict(num_requests=0), "num_requests=0"),
+    (dict(request_rate=0.0), "request_rate=0.0 must be > 0"),
+])
+def test_synthetic_bad_args(kw, msg):
+    args = dict(name="sharegpt", num_requests=5) | kw
+    name = args.pop("name")
+    with pytest.raises(ValueError, match=msg):
+        synthetic(name, **args)
+
+
+def test_jsonl_trace(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"prompt_len": 5, "output_len": 3, "arrival_s": 2.0}\n\n'
+                 '{"prompt_len": 7, "output_len": 4000, "arrival_s": 1.0}\n')
+    reqs = load_jsonl(f, max_model_len=2048)
+    assert [(r.prompt_len, r.output_len, r.arrival_s) for r in reqs] == [
+        (7, 2041, 1.0), (5, 3, 2.0)]  # sorted by arrival, output capped to fit the model
+    g = tmp_path / "g.jsonl"
+    g.write_text('{"prompt_len": 5, "output_len": 3}\n' * 4)
+    a = load_jsonl(g, request_rate=2.0, seed=1)
+    assert [r.arrival_s for r in a] == [r.arrival_s for r in load_jsonl(g, request_rate=2.0,
+                                                                        seed=1)]
+    assert make_workload(str(g), 2)[1].request_id == 1
+
+
+@pytest.mark.parametrize("text, msg", [
+    ('{"prompt_len": 5, "output_len": 3}\n{"prompt_len": 5,', r":2: not valid JSON"),
+    ('{"prompt_len": 5}\n', r":1: missing field 'output_len'"),
+    ('{"prompt_len": "5", "output_len": 3}\n', r":1: field 'prompt_len' = '5' must be an int"),
+    ('{"prompt_len": true, "output_len": 3}\n', r"field 'prompt_len' = True"),
+    ('{"prompt_len": 0, "output_len": 3}\n', r"field 'prompt_len' = 0"),
+    ('[1, 2]\n', r":1: expected a JSON object"),
+    ('{"prompt_len": 2048, "output_len": 3}\n', r"leaves no room"),
+    ('{"prompt_len": 5, "output_len": 3, "arrival_s": -1}\n', r"'arrival_s' = -1"),
+    ('{"prompt_len": 5, "output_len": 3, "arrival_s": 1}\n{"prompt_len": 5, "output_len": 3}\n',
+     r":2: field 'arrival_s' must be given on every line or on none"),
+    ('\n\n', "holds no requests"),
+])
+def test_jsonl_errors_name_file_line_and_field(tmp_path, text, msg):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=msg) as e:
+        load_jsonl(f)
+    assert "bad.jsonl" in str(e.value)
+
+
+def test_missing_trace_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        make_workload(str(tmp_path / "nope.jsonl"), 3)
+
+
+# ---- memory and cost --------------------------------------------------------------------------
+
+
+def test_memory_presets_match_the_paper():
+    p = preset("opt-13b")
+    assert p.model.kv_bytes_per_token == 2 * 40 * 5120 * 2 == 800 * 1024
+    assert p.kv_cache_bytes == 12 * GiB and p.num_token_slots == 15728  # "about 15.7K"
+    assert preset("llama-3-8b").model.kv_bytes_per_token == 128 * 1024
+    assert preset("opt-13b", kv_cache_gb=6).num_token_slots == 15728 // 2
+    with pytest.raises(ValueError, match="model='gpt-5'"):
+        preset("gpt-5")
+    with pytest.raises(ValueError, match="block_size=0"):
+        p.num_blocks(0)
+
+
+def test_block_table_arithmetic():
+    assert block_table_bytes(32 * 1024, 16) == 2048 * 4
+    assert block_table_bytes(128 * 1024, 16, entry_bytes=8) == 64 * 1024
+    assert block_table_bytes(33, 32) == 8 and block_table_bytes(0, 16) == 0
+    r = kv_calc(preset("opt-13b"), block_size=16, context_len=2048, num_requests=10)
+    assert r["num_blocks"] == 15728 // 16 and r["block_table_bytes_total"] == 10 * 128 * 4
+    with pytest.raises(ValueError, match="context_len=-1"):
+        block_table_bytes(-1, 16)
+
+
+def test_cost_model_is_memory_bound_and_monotone():
+    c = CostModel.for_preset(preset("opt-13b"))
+    t1, t32 = c.step_time(1, 500), c.step_time(32, 32 * 500)
+    assert t1 > c.weight_bytes / (c.mem_bw * c.mem_eff)  # at least the weights
+    assert t1 < t32 < 32 * t1  # batching is far cheaper than running one by one
+    assert c.step_time(0, 0) == 0.0
+    assert c.step_time(8, 800, blocks_read=100) > c.step_time(8, 800, blocks_read=50)
+    small = c.step_time(1, 10, blocks_swapped=64, block_bytes=1 << 20)
+    big = c.step_time(1, 10, blocks_swapped=16, block_bytes=4 << 20)
+    assert small > big  # same bytes in more, smaller copies costs more
+
+
+# ---- the simulator ---------------------------------------------------------------------------
+
+SMALL = dict(num_requests=40, seed=5)
+
+
+def test_same_seed_same_result_and_another_seed_differs():
+    a = simulate(SimConfig(**SMALL)).as_dict()
+    b = simulate(SimConfig(**SMALL)).as_dict()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    c = simulate(SimConfig(num_requests=40, seed=6)).as_dict()
+    assert c["kv_usage"] != a["kv_usage"]
+
+
+@pytest.mark.parametrize("policy", ["paged", "orca-max", "orca-pow2", "orca-oracle"])
+def test_every_policy_finishes_and_fractions_add_up(policy):
+    r = simulate(SimConfig(policy=policy, request_rate=5.0, **SMALL))
+    assert r.num_finished == 40 and r.num_rejected == 0
+    u = r.kv_usage
+    assert math.isclose(sum(u.values()), 1.0, rel_tol=1e-9)
+    assert all(v >= 0 for v in u.values())
+    assert r.throughput_tokens_per_s > 0 and r.normalized_latency_s_per_token > 0
+    if policy == "paged":
+        assert u["external_fragmentation"] == 0
+    if policy == "orca-max":
+        assert u["internal_fragmentation"] > u["token"]
+
+
+def test_paged_beats_contiguous_on_memory_and_batch():
+    res = {p: simulate(SimConfig(policy=p, num_requests=80, seed=1))
+           for p in ("paged", "orca-oracle", "orca-max")}
+    tok = {p: (r.kv_usage_saturated or r.kv_usage)["token"] for p, r in res.items()}
+    assert tok["paged"] > tok["orca-oracle"] > tok["orca-max"]
+    assert res["paged"].avg_batch_size > res["orca-max"].avg_batch_size
+
+
+def test_sharing_saves_memory_beam_more_than_parallel():
+    par = simulate(SimConfig(workload="alpaca", num_requests=30, n=4, seed=2))
+    beam = simulate(SimConfig(workload="alpaca", num_requests=30, beam_width=4, seed=2))
+    v1 = simulate(SimConfig(workload="alpaca", num_requests=30, n=4, sharing="prefix", seed=2))
+    assert 0 < par.memory_saving < beam.memory_saving < 1
+    assert v1.num_finished == 120 and v1.memory_saving is not None
+    assert simulate(SimConfig(**SMALL)).memory_saving is None
+
+
+def test_swap_and_recompute_both_finish_under_pressure():
+    for mode in ("swap", "recompute"):
+        r = simulate(SimConfig(num_requests=30, kv_cache_gb=1.5, preemption_mode=mode, seed=4))
+        assert r.num_finished == 30 and r.num_preemptions > 0
+        assert (r.num_swapped_out > 0) == (mode == "swap")
+
+
+def test_chunked_prefill_runs():
+    r = simulate(SimConfig(chunked_prefill=True, **SMALL))
+    assert r.num_finished == 40
+
+
+# ---- experiments (tiny sizes: they check shape and direction, not the paper's numbers) -------
+
+
+def test_experiments_small():
+    f = experiments.fig2(30)
+    assert f["paged"]["usage"]["token"] > f["orca-max"]["usage"]["token"]
+    b = experiments.block_size(20, sizes=(1, 16, 256), workloads=("alpaca",))
+    waste = [b["alpaca"][s]["waste_share_of_used"] for s in (1, 16, 256)]
+    table = [b["alpaca"][s]["block_table_bytes_per_request"] for s in (1, 16, 256)]
+    assert waste == sorted(waste) and table == sorted(table, reverse=True)
+    s = experiments.swap_vs_recompute(20, sizes=(8,), kv_cache_gb=1.5)
+    assert set(s[8]) == {"swap", "recompute"}
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def test_simulate_cli_json_is_reproducible(tmp_path, capsys):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p in paths:
+        assert main(["simulate", "--num-requests", "25", "--seed", "3", "--request-rate", "4",
+                     "--json", str(p)]) == 0
+    a, b = (json.loads(p.read_text()) for p in paths)
+    assert a == b
+    for key in ("kv_usage", "avg_batch_size", "throughput_tokens_per_s",
+                "normalized_latency_s_per_token", "num_preemptions", "memory_saving"):
+        assert key in a
+    assert set(a["kv_usage"]) >= {"token", "reserved", "internal_fragmentation",
+                                  "external_fragmentation"}
+    assert "normalized latency" in capsys.readouterr().out
+
+
+def test_simulate_cli_beam_and_bad_rate(tmp_path):
+    p = tmp_path / "beam.json"
+    assert main(["simulate", "--workload", "alpaca", "--num-requests", "10", "--beam-width",
+                 "2", "--json", str(p)]) == 0
+    assert json.loads(p.read_text())["memory_saving"] > 0
+    with pytest.raises(SystemExit):
+        main(["simulate", "--request-rate", "-1"])
+
+
+def test_kv_calc_cli(capsys):
+    assert main(["kv-calc", "--context-len", "32768", "--num-requests", "1000", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["block_table_bytes_per_request"] == 8192 and r["token_slots"] == 15728
+    assert main(["kv-calc", "--model", "llama-3-8b"]) == 0
+
+
+def test_bench_simulate_quick_cli(capsys):
+    assert main(["bench", "simulate", "--sizes", "30", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "requests/s" in out and "60" in out
+
+
+def test_bench_simulate_quick_flag(capsys):
+    assert main(["bench", "simulate", "--quick"]) == 0
+    assert "1,000" in capsys.readouterr().out
+
+
+def test_experiment_cli(tmp_path):
+    p = tmp_path / "e.json"
+    assert main(["experiment", "1", "--num-requests", "20", "--json", str(p)]) == 0
+    assert set(json.loads(p.read_text())) == {"orca-max", "orca-pow2", "orca-oracle", "paged"}
+
+
+def test_bad_sim_configs_are_refused():
+    with pytest.raises(ValueError, match="policy='orca-max' cannot share"):
+        SimConfig(policy="orca-max", n=2)
+    with pytest.raises(ValueError, match="policy='vllm' is not one of"):
+        simulate(SimConfig(policy="vllm", num_requests=2))
+    with pytest.raises(ValueError, match="block_size=0"):
+        simulate(SimConfig(block_size=0, num_requests=2))
+
+
+def test_experiment_json_with_numeric_keys(tmp_path):
+    p = tmp_path / "e4.json"
+    assert main(["experiment", "4", "--num-requests", "10", "--quick", "--json", str(p)]) == 0
+    d = json.loads(p.read_text())
+    assert set(d) == {"sharegpt", "alpaca"} and "16" in d["alpaca"]
