@@ -64,6 +64,7 @@ def arena_picture(cache: ContiguousKVCache, need: int) -> str:
 # %%
 REQUESTS = [(0, 3, 5), (1, 4, 9), (2, 2, 3), (3, 6, 12), (4, 2, 7), (5, 5, 10), (6, 1, 6)]
 HKV, D = 1, 2  # (seq_id, prompt_len, final_len) above; tiny K/V: [T, Hkv=1, D=2]
+small = {}  # policy -> (requests admitted, free slots when the new request is refused, or None)
 for policy in ("max", "pow2", "oracle"):
     cache = ContiguousKVCache(64, HKV, D, policy=policy, max_seq_len=16)
     for sid, n, final in REQUESTS:
@@ -78,10 +79,14 @@ for policy in ("max", "pow2", "oracle"):
     try:
         cache.reserve(7, 2, 14)
         verdict = f"fits at offset {cache.reservation(7).offset}"
+        small[policy] = (len(admitted), None)
     except OutOfMemoryError as e:  # its message names both numbers; shortened here
         verdict = (f"[red]is refused[/red]: {e.num_free} slots free, largest region "
                    f"{e.largest_free}")
+        small[policy] = (len(admitted), e.num_free)
     console.print(f"        admitted {admitted}; the new request (needs {need}) {verdict}")
+# The next paragraph's claims, checked on the run above.
+assert small["max"] == (4, None) and small["oracle"] == (6, 27)
 
 # %% [markdown]
 # `max` admits only four requests and loses most of each region to internal fragmentation.
@@ -178,6 +183,17 @@ console.print(table)
 console.print("oracle+round: oracle with the buddy allocator's power-of-two rounding kept; "
               f"{results['oracle+round'][0]['rounding'] * 100:.1f}% of the arena is rounding "
               "slack (counted as internal fragmentation)")
+
+# What the next section reads off the table, checked: the paper's ordering of the policies.
+frs = {name: fr for name, (fr, _, _) in results.items()}
+assert frs["max"]["token"] < frs["pow2"]["token"] < frs["oracle"]["token"]
+assert frs["pow2"]["internal_fragmentation"] < frs["max"]["internal_fragmentation"] / 2
+assert frs["oracle"]["internal_fragmentation"] == 0
+assert frs["oracle"]["external_fragmentation"] == max(
+    fr["external_fragmentation"] for fr in frs.values())
+assert results["max"][2] < results["pow2"][2] < results["oracle"][2]        # avg batch
+assert results["max"][1] > results["pow2"][1] > results["oracle"][1]        # steps
+assert frs["oracle+round"] == frs["pow2"] | {"rounding": frs["oracle+round"]["rounding"]}
 
 for name, (fr, _, _) in results.items():
     bar = "".join(GLYPH[c] * round(fr[c] * 60) for c in CATEGORIES)

@@ -161,6 +161,9 @@ used = u.used
 console.print(f"of the {used} slots in use, {100 * u.token / used:.1f}% hold token states "
               f"(at most {len(mgr.seq_ids)} x (BS-1) = {len(mgr.seq_ids) * (BS - 1)} "
               "slots can be unfilled)")
+# The two claims above, checked: no external fragmentation, under one block unfilled per sequence.
+assert u.external_fragmentation == 0
+assert u.used - u.token <= len(mgr.seq_ids) * (BS - 1)
 
 # %% [markdown]
 # ## Running out of blocks
@@ -173,6 +176,8 @@ try:
 except OutOfBlocksError as e:
     console.print(f"[bold red]OutOfBlocksError[/]: {e}  (needed={e.needed}, free={e.free})")
     assert "D" not in mgr.seq_ids
+else:
+    raise AssertionError("a 48-token prompt cannot fit in 12 blocks of 4 slots")
 for s in list(mgr.seq_ids):
     mgr.free(s)
 console.print(f"after freeing everything: {mgr.num_free_blocks} of {mgr.num_blocks} blocks free")

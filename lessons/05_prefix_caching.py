@@ -8,7 +8,9 @@
 # prompt walks its chain and reuses the longest run of cached blocks; the model computes K/V only
 # for the rest. At least the last prompt token is always recomputed (its logits choose the first
 # new token). Freed blocks keep their K/V and hash in a least-recently-used queue and are evicted
-# only when a block is actually needed.
+# only when a block is actually needed. A hit is verified, not just looked up: the block's token
+# ids must match, and so must its parent (the exact block, by allocation serial, that the previous
+# hit verified), so even a colliding hash can never serve another prefix's K/V.
 #
 # Code: `minipaged/prefix_cache.py`, `minipaged/kv_cache.py` (allocate with
 # `enable_prefix_caching=True`). Next: lesson 06 (scheduling and preemption).

@@ -2,18 +2,25 @@
 
 The course map (read the modules in this order; each one's docstring says what comes next):
 
-    usage.py            the four categories of KV cache memory (the paper's Fig. 2)
     attention.py        dense attention, the oracle everything else is checked against
+    usage.py            the four categories of KV cache memory (the paper's Fig. 2)
+    buddy.py            a buddy allocator: how contiguous regions are placed
     contiguous.py       a contiguous KV cache with Orca-style reservations, and its waste
     block_allocator.py  physical blocks, a free list and reference counts
     kv_cache.py         block tables, slot mapping, KVCacheManager (allocate / append / free)
     cache_ops.py        reshape_and_cache and copy_blocks: writing K/V into the pages
     paged_attention.py  attention that reads K/V through block tables, equal to dense bit for bit
+    sharing.py          sequence groups: parallel sampling and beam search over fork / free
+    prefix_cache.py     prefix caching: hash chains of full blocks and an LRU free queue
+    swap.py             the CPU block pool: swapping a sequence group out and back in
     memory_policy.py    the scheduler's view of memory: paged blocks or Orca-style regions
     scheduler.py        continuous batching: FCFS admission, preemption by swap or recompute
     sim/                workloads, memory presets, a cost model, the simulator, the experiments
     factcheck.py        the seed interview answer's claims, each one measured
+    viz/, demo.py       the classroom demo, drawn from the managers' real state
+    cuda/               the CUDA kernels, run by CuPy on a GPU or by a CPU emulation harness
     model/              a tiny trained torch model generating through the paged cache (LLM)
+    grader/, quiz.py, present.py   the teaching kit: exercise grader, drills, terminal slides
 
 Symbols used in shape comments everywhere: S sequences, H query heads, Hkv KV heads, D head size,
 NB physical blocks, BS block size, MB max blocks per sequence, T tokens.

@@ -134,7 +134,7 @@ class BlockAllocator:
         if self._ref[b] == 0:
             self._release(b)
 
-    def free_blocks(self, blocks: Iterable[int]) -> None:
+    def free_many(self, blocks: Iterable[int]) -> None:
         """``free`` for each block, in order: one call for a whole block table. The ids must
         come from this allocator (a block table does); only double frees are checked here."""
         ref = self._ref

@@ -121,17 +121,22 @@ def run(args: argparse.Namespace) -> int:
     from minipaged.viz.scenes import SCENES, intro_frame
 
     console = Console()
-    width = layout_width(console, args.width)
-    if args.seed < 0:
-        raise ValueError(f"--seed={args.seed} must be >= 0")
-    if args.speed <= 0:
-        raise ValueError(f"--speed={args.speed} must be > 0 seconds")
+    try:  # bad arguments: one clear line and exit 2, like argparse, not a traceback
+        width = layout_width(console, args.width)
+        if args.seed < 0:
+            raise ValueError(f"--seed={args.seed} must be >= 0")
+        if args.speed <= 0:
+            raise ValueError(f"--speed={args.speed} must be > 0 seconds")
+        if not args.list:
+            scenes, skipped = tour(args.seed, width, args.scene)
+    except ValueError as e:
+        Console(stderr=True).print(f"[red]minipaged demo:[/] {e}", highlight=False)
+        return 2
     if args.list:
         for cls in SCENES:
             why = cls.missing()
             console.print(f"{cls.name:<14} {'ready' if why is None else 'not yet: ' + why}")
         return 0
-    scenes, skipped = tour(args.seed, width, args.scene)
     if args.scene is not None and not scenes:
         console.print(f"scene {args.scene!r} cannot play in this checkout: {skipped[0][1]}")
         return 1

@@ -13,6 +13,7 @@ A figure is stale when the demo or the simulator changed what it draws; rerun
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -58,14 +59,22 @@ def _usage_from_fractions(fr: dict[str, float], total: int = 1000):
     return KVUsage(total=sum(counts.values()), **counts)
 
 
-def _fig2() -> RenderableType:
+@functools.cache
+def _fig2_fractions(policy: str) -> dict[str, float]:
+    """Time-averaged KV usage fractions of one policy in the Fig. 2 simulation (cached: the
+    usage chart and the fact-check table both read them, so they always agree)."""
     from minipaged.sim.simulator import SimConfig, simulate
+
+    r = simulate(SimConfig(policy=policy, num_requests=SIM_REQUESTS, seed=SEED))
+    return dict(r.kv_usage_saturated or r.kv_usage)
+
+
+def _fig2() -> RenderableType:
     from minipaged.viz.arena import waste_bars
 
     rows = []
     for policy in ("orca-max", "orca-pow2", "orca-oracle", "paged"):
-        r = simulate(SimConfig(policy=policy, num_requests=SIM_REQUESTS, seed=SEED))
-        rows.append((policy, _usage_from_fractions(r.kv_usage_saturated or r.kv_usage)))
+        rows.append((policy, _usage_from_fractions(_fig2_fractions(policy))))
     return waste_bars(rows, width=WIDTH, title=(
         f"KV usage while requests wait: ShareGPT-like, OPT-13B, 12 GiB, "
         f"{SIM_REQUESTS} requests (paper Fig. 2)"))
@@ -92,10 +101,69 @@ def _fig15() -> RenderableType:
     return t
 
 
+def _kv_fits() -> RenderableType:
+    """The "How much fits" table: ``kv-calc``'s arithmetic for both presets, never typed in."""
+    from rich.table import Table
+
+    from minipaged.sim.memory import PRESETS, GiB, kv_calc
+
+    cols = [(PRESETS[name], kv_calc(PRESETS[name])) for name in ("opt-13b", "llama-3-8b")]
+    t = Table(title="How many tokens fit (minipaged kv-calc --model MODEL)")
+    t.add_column("")
+    for p, _ in cols:
+        t.add_column(f"{p.model.name}, {p.gpu.name}", justify="right")
+    per_token = []
+    for p, r in cols:
+        m = p.model
+        gqa = (f" (GQA: {m.num_kv_heads} of {m.num_heads} heads)"
+               if m.num_kv_heads < m.num_heads else "")
+        per_token.append(f"{r['kv_bytes_per_token'] / 1024:,.0f} KiB{gqa}")
+    t.add_row("KV per token", *per_token)
+    t.add_row("KV cache budget", *(f"{r['kv_cache_bytes'] / GiB:.1f} GiB" for _, r in cols))
+    t.add_row("token slots", *(f"{r['token_slots']:,}" for _, r in cols))
+    t.add_row("blocks of 16", *(f"{r['num_blocks']:,}" for _, r in cols))
+    t.add_row("2048-token requests, reserved whole",
+              *(f"{r['token_slots'] // 2048:,}" for _, r in cols))
+    return t
+
+
+def _seed_wrong() -> RenderableType:
+    """The "What the seed answer gets wrong" table: each row is a fact-check claim measured
+    as the figure is drawn (the utilisation row reuses the Fig. 2 simulation above)."""
+    from rich.table import Table
+
+    from minipaged import factcheck as fc
+
+    ctx = fc.Context(quick=False, seed=SEED)
+    orca = [_fig2_fractions(p)["token"] for p in ("orca-max", "orca-pow2", "orca-oracle")]
+    ref = fc.c_refcap(ctx).figures
+    t32 = fc.c_block_table_32k(ctx).figures
+    t128 = fc.c_128k(ctx).figures
+    b33 = fc.c_33_tokens(ctx).figures
+    nr = fc.c_no_replacement(ctx).figures
+    t = Table(title="What the seed answer gets wrong (minipaged factcheck)")
+    t.add_column("the seed claims")
+    t.add_column("minipaged measures")
+    t.add_row("30-60% utilisation before paging",
+              f"{100 * min(orca):.0f}-{100 * max(orca):.0f}% token states "
+              f"({SIM_REQUESTS} requests; paper 20.4-38.2%)")
+    t.add_row("reference count capped at 16", f"no cap: 100 forks, count {ref['ref_count']}")
+    t.add_row("0.5 GB of tables / 1000 requests at 32K",
+              f"{t32['bytes_per_1000'] / 2**20:.1f} MiB")
+    t.add_row("64 KB table at 128K", f"{t128['bytes_int32'] // 1024} KiB with int32 entries")
+    t.add_row("33 tokens: 48% -> 94% waste at BS 32",
+              f"{100 * b33['paged_16']:.0f}% at BS 16, {100 * b33['paged_32']:.0f}% at BS 32")
+    t.add_row("no page replacement needed",
+              f"{nr['preemptions']} preemptions in a 2 GiB cache, "
+              f"{nr['evictions']} LRU evictions")
+    return t
+
+
 def figure_specs() -> list[Figure]:
     """Every figure the deck uses, in deck order."""
     demo = "minipaged demo {} --svg DIR --seed 0 --width 100"
     figs = [
+        Figure("kv_fits", "minipaged kv-calc --model opt-13b | --model llama-3-8b", _kv_fits),
         Figure("fragmentation_first", demo.format("fragmentation"),
                _demo_frame("fragmentation", 1)),
         Figure("fragmentation_last", demo.format("fragmentation"),
@@ -115,6 +183,7 @@ def figure_specs() -> list[Figure]:
         Figure("sim_fig15_sharing",
                f"minipaged simulate --workload alpaca --n K | --beam-width K --num-requests "
                f"{SIM_REQUESTS // 2} --seed 0", _fig15),
+        Figure("seed_wrong", "minipaged factcheck", _seed_wrong),
     ]
     return figs
 

@@ -38,6 +38,7 @@ import numpy as np
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError, check_int
 from minipaged.prefix_cache import (
     ROOT_HASH,
+    ROOT_SERIAL,
     HashFn,
     PrefixCachingBlockAllocator,
     default_block_hash,
@@ -84,6 +85,7 @@ class KVCacheManager(SwapMixin):
         self._tables: dict[SeqId, list[int]] = {}      # seq -> physical block per logical block
         self._tokens: dict[SeqId, list[int]] = {}      # seq -> token ids so far
         self._hashes: dict[SeqId, list[int]] = {}      # seq -> chain hash of each full block
+        self._serials: dict[SeqId, list[int]] = {}     # seq -> serial standing for prefix 0..i
         self._copies: dict[int, int] = {}              # pending copy-on-write: dst -> src
         self._src_pairs: dict[int, int] = {}           # src -> number of pending copies from it
         self._deferred: set[int] = set()               # pending sources nobody else holds
@@ -207,7 +209,7 @@ class KVCacheManager(SwapMixin):
         self._tables[seq_id] = table
         self._tokens[seq_id] = tokens
         if prefix is not None:
-            prefix.register_run(table, hashes, chunks, start=len(hits))
+            self._serials[seq_id] = prefix.register_run(table, hashes, chunks, start=len(hits))
             self._hashes[seq_id] = hashes
         return len(hits) * bs
 
@@ -250,32 +252,35 @@ class KVCacheManager(SwapMixin):
 
     def _cache_full_block(self, seq_id: SeqId, block: int, tokens: list[int]) -> None:
         """The block just became full: give it its chained hash (prefix caching)."""
-        hashes, bs = self._hashes[seq_id], self.block_size
+        hashes, serials, bs = self._hashes[seq_id], self._serials[seq_id], self.block_size
         parent = hashes[-1] if hashes else ROOT_HASH
         block_tokens = tuple(tokens[-bs:])
         prefix = self._prefix
         assert prefix is not None
         h = (hash((parent, block_tokens)) if prefix.hash_fn is default_block_hash
              else prefix.hash_fn(parent, block_tokens))
-        prefix.register(block, h, parent, block_tokens)
+        serials.append(prefix.register_block(block, h, serials[-1] if serials else ROOT_SERIAL,
+                                             block_tokens))
         hashes.append(h)
 
     def free(self, seq_id: SeqId) -> None:
         """Release a sequence (finished or aborted): every block loses one user."""
-        if seq_id not in self._tokens:
-            raise KeyError(f"seq_id={seq_id!r} is not allocated")
-        if seq_id in self._tables:
-            self._release_table(self._tables.pop(seq_id))
-        else:
+        table = self._tables.pop(seq_id, None)
+        if table is not None:
+            self._release_table(table)
+        elif seq_id in self._tokens:
             self._free_swapped(seq_id)
+        else:
+            raise KeyError(f"seq_id={seq_id!r} is not allocated")
         del self._tokens[seq_id]
-        self._hashes.pop(seq_id, None)
+        if self._prefix is not None:
+            del self._hashes[seq_id], self._serials[seq_id]
 
     def _release_table(self, table: list[int]) -> None:
         # Reverse order: with prefix caching the *tail* blocks, least likely to be shared by a
         # future prompt, then sit nearer the head of the LRU queue and are evicted first.
         if not self._src_pairs and not self._copies:  # the common case: no copy pending
-            self._alloc.free_blocks(reversed(table))
+            self._alloc.free_many(reversed(table))
             return
         for block in reversed(table):
             self._unref(block)

@@ -22,10 +22,12 @@ Invariants (asserted by ``check_invariants`` in the stateful tests):
     * a block is in exactly one of: in use (ref >= 1), the clean free list, the LRU queue;
     * the LRU queue holds exactly the free blocks that carry a hash;
     * the table maps each hash to a block whose recorded hash is that hash;
-    * a hit is checked against the block's token ids and parent hash, not only the hash, so a
-      hash collision can cost a hit but never return another prefix's K/V. (What remains is a
-      collision of the 64-bit *parent* chain hash together with equal block tokens: about 2^-64
-      per lookup; a byte-exact check would have to store the whole prefix.)
+    * a hit is verified, not only looked up: the cached block's token ids must equal the
+      prompt's, and its recorded parent must be the very block (same allocation ``serial``)
+      that the previous hit verified. By induction the whole prefix matches, so a hash
+      collision can cost a hit but never return another prefix's K/V (the stateful tests run
+      with a hash function that collides all the time to prove it). vLLM and nano-vllm check
+      less (the hash, or the hash and the block's tokens) and accept a ~2^-64 risk instead.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from collections.abc import Callable, Iterable
 
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
 
-ROOT_HASH = 0  # the "parent hash" of a sequence's first block
+ROOT_HASH = 0     # the "parent hash" of a sequence's first block
+ROOT_SERIAL = -1  # the "parent serial" of a sequence's first block
+BROKEN = -2       # a chain that can no longer be cached (a collision took its hash)
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 
@@ -61,8 +65,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._lru: OrderedDict[int, None] = OrderedDict()  # free blocks with a hash, oldest first
         self._table: dict[int, int] = {}                    # hash -> physical block
         self._block_hash: list[int | None] = [None] * self.num_blocks
-        self._block_parent: list[int] = [ROOT_HASH] * self.num_blocks
+        self._block_parent: list[int] = [ROOT_SERIAL] * self.num_blocks  # parent's serial
         self._block_tokens: list[tuple[int, ...] | None] = [None] * self.num_blocks
+        # Every allocation of a block gets a new serial number: "block 7 as allocated at time
+        # 1234". A full block's K/V never change within one allocation, so a serial names a
+        # prefix's content exactly, which a block id alone (reused after eviction) cannot.
+        self._serial: list[int] = [ROOT_SERIAL] * self.num_blocks
+        self._next_serial = 0
         self.hits = 0           # blocks reused from the cache
         self.queries = 0        # blocks looked up
         self.evictions = 0      # cached blocks whose hash was dropped to reuse the block
@@ -85,14 +94,21 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         else:
             raise OutOfBlocksError(1, 0)
         self._ref[block] = 1
+        self._serial[block] = self._next_serial
+        self._next_serial += 1
         return block
 
     def allocate_many(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
             raise OutOfBlocksError(n, self.num_free_blocks)
-        if n <= len(self._free):  # enough never-cached blocks: the plain allocator's slice
-            return super().allocate_many(n)
-        return [self.allocate() for _ in range(n)]
+        if n > len(self._free):
+            return [self.allocate() for _ in range(n)]
+        blocks = super().allocate_many(n)  # enough never-cached blocks: one slice
+        serial, nxt = self._serial, self._next_serial
+        for i, b in enumerate(blocks):
+            serial[b] = nxt + i
+        self._next_serial = nxt + n
+        return blocks
 
     def _evict(self, block: int) -> None:
         h = self._block_hash[block]
@@ -116,7 +132,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             else:
                 lru[b] = None
 
-    def free_blocks(self, blocks: Iterable[int]) -> None:
+    def free_many(self, blocks: Iterable[int]) -> None:
         # The base class's loop with the release inlined: freeing a finished request's whole
         # table is the hottest path of prefix caching after append_slot.
         ref, hashes, free, lru = self._ref, self._block_hash, self._free, self._lru
@@ -131,51 +147,79 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     lru[b] = None
 
     # ---- the hash side ---------------------------------------------------------------------
-    def lookup(self, parent_hash: int, token_ids: tuple[int, ...]) -> tuple[int, int | None]:
-        """(hash, cached block or None) for one full block whose parent chain hash is given."""
-        h = self.hash_fn(parent_hash, token_ids)
-        block = self._table.get(h)
-        if block is not None and (self._block_tokens[block] != token_ids
-                                  or self._block_parent[block] != parent_hash):
-            block = None  # same hash, different content: a collision, treated as a miss
-        return h, block
-
     def match(self, token_ids: list[int], block_size: int, max_hits: int
               ) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
         """For every full block of ``token_ids``: its chain hash and its token tuple; and the
         cached blocks of the longest verified run from the start (at most ``max_hits``).
-        Nothing is changed. The same test as ``lookup``, inlined: this loop runs for every
-        block of every prompt."""
+        Nothing is changed. This loop runs for every block of every prompt, so it is written
+        with local names; the test is the one in the module docstring."""
         hash_fn, get = self.hash_fn, self._table.get
-        tokens_of, parent_of = self._block_tokens, self._block_parent
+        tokens_of, parent_of, serial = self._block_tokens, self._block_parent, self._serial
         inline = hash_fn is default_block_hash  # the same hash, minus a Python call per block
         bs, n_full = block_size, len(token_ids) // block_size
         chunks = [tuple(token_ids[j:j + bs]) for j in range(0, n_full * bs, bs)]
         hits: list[int] = []
         hashes: list[int] = []
-        parent = ROOT_HASH
-        for chunk in chunks:
-            h = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
-            if len(hits) == len(hashes) < max_hits:  # still on an unbroken run of hits
-                block = get(h)
-                if block is not None and tokens_of[block] == chunk and parent_of[block] == parent:
-                    hits.append(block)
-            hashes.append(h)
-            parent = h
+        parent, parent_serial = ROOT_HASH, ROOT_SERIAL
+        i, limit = 0, min(max_hits, n_full)
+        while i < limit:  # phase 1: an unbroken run of verified hits
+            chunk = chunks[i]
+            parent = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
+            hashes.append(parent)
+            i += 1
+            block = get(parent)
+            if (block is None or tokens_of[block] != chunk
+                    or parent_of[block] != parent_serial):
+                break
+            hits.append(block)
+            parent_serial = serial[block]
+        for chunk in chunks[i:]:  # phase 2: the chain hashes of the remaining full blocks
+            parent = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
+            hashes.append(parent)
         return hits, hashes, chunks
 
+    def register_block(self, block: int, h: int, parent_serial: int,
+                       token_ids: tuple[int, ...]) -> int:
+        """Record that ``block`` (in use, just full) holds ``token_ids`` after the prefix that
+        ``parent_serial`` stands for, under chain hash ``h``. Returns the serial that now
+        stands for the prefix *including* this block, for the next block to chain from: this
+        block's own, or that of an equal block cached earlier (then this one stays private),
+        or BROKEN when a different prefix holds the hash (the chain stops being cached)."""
+        if parent_serial == BROKEN:
+            return BROKEN
+        other = self._table.get(h)
+        if other is None:
+            if self._block_hash[block] is not None:
+                return BROKEN  # a block carries one hash
+            self._table[h] = block
+            self._block_hash[block] = h
+            self._block_parent[block] = parent_serial
+            self._block_tokens[block] = token_ids
+            return self._serial[block]
+        if self._block_tokens[other] == token_ids and self._block_parent[other] == parent_serial:
+            return self._serial[other]  # the same prefix, computed twice: keep the first
+        return BROKEN
+
     def register_run(self, blocks: list[int], hashes: list[int],
-                     chunks: list[tuple[int, ...]], start: int) -> None:
-        """``register`` blocks[i] for i >= start, each with its parent the hash before it."""
-        table, block_hash = self._table, self._block_hash
+                     chunks: list[tuple[int, ...]], start: int) -> list[int]:
+        """``register_block`` for blocks[i], i >= start, chained; returns the serial standing
+        for each prefix 0..i (the first ``start`` are hits: their own serials)."""
+        serial, table, block_hash = self._serial, self._table, self._block_hash
         parent_of, tokens_of = self._block_parent, self._block_tokens
-        for i in range(start, len(hashes)):  # ``register``, inlined: one call per prompt
+        serials = [serial[b] for b in blocks[:start]]
+        parent = serials[-1] if serials else ROOT_SERIAL
+        for i in range(start, len(hashes)):
             h, b = hashes[i], blocks[i]
-            if h not in table and block_hash[b] is None:
-                table[h] = b
+            if parent != BROKEN and h not in table and block_hash[b] is None:
+                table[h] = b  # the common case of register_block, inlined (one call a prompt)
                 block_hash[b] = h
-                parent_of[b] = hashes[i - 1] if i else ROOT_HASH
+                parent_of[b] = parent
                 tokens_of[b] = chunks[i]
+                parent = serial[b]
+            else:
+                parent = self.register_block(b, h, parent, chunks[i])
+            serials.append(parent)
+        return serials
 
     def touch(self, block: int) -> None:
         """A new user of a cached block: out of the LRU queue if it sat there (O(1))."""
@@ -188,18 +232,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 del lru[b]  # the O(1) removal from the middle of the queue
             ref[b] += 1
 
-    def register(self, block: int, h: int, parent_hash: int, token_ids: tuple[int, ...]) -> bool:
-        """Record that ``block`` (in use, full) holds the prefix with hash ``h``.
-
-        If the hash is already cached in another block (two requests computed the same prefix
-        at the same time), the first stays cached and this one stays private: False."""
-        if h in self._table or self._block_hash[block] is not None:
-            return False
-        self._table[h] = block
-        self._block_hash[block] = h
-        self._block_parent[block] = parent_hash
-        self._block_tokens[block] = token_ids
-        return True
+    def serial(self, block: int) -> int:
+        """The allocation serial of a block (see ``__init__``)."""
+        return self._serial[self._check_block(block)]
 
     def block_hash(self, block: int) -> int | None:
         return self._block_hash[self._check_block(block)]

@@ -8,7 +8,8 @@ its SVG (``slides/figures/NAME.txt``, written by ``--build-figures``), shows spe
 ``<!-- demo: SCENE -->``.
 
 Keys in a terminal: space / right / enter = next, b / left = back, n = notes on/off,
-q = quit. When stdout is not a terminal every slide is printed once, nothing waits, exit 0.
+d = play the slide's demo scene, q = quit. When stdout is not a terminal every slide is
+printed once, nothing waits, exit 0.
 
     minipaged present slides/pagedattention.md
     minipaged present slides/pagedattention.md --notes --slide 12
@@ -145,7 +146,7 @@ def present(path: Path, *, notes: bool, start: int, interactive: bool, console=N
         elif k == "d" and slides[i].demos:
             for scene in slides[i].demos:
                 play_demo(scene, console, interactive=True)
-        elif k in ("b", "\x1b", "h"):
+        elif k in ("b", "left", "h"):
             i = max(0, i - 1)
         else:
             i = min(len(slides) - 1, i + 1)

@@ -51,6 +51,8 @@ class Context:
     def __init__(self, num_requests: int = 300, seed: int = 0) -> None:
         if num_requests < 1:
             raise ValueError(f"num_requests={num_requests} must be >= 1")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be an int >= 0 (the simulator's seed)")
         self.num_requests = num_requests
         self.seed = seed
         self._cache: dict[tuple, Any] = {}
@@ -148,11 +150,21 @@ def answer_renderable(a: Answer):
     return Group(*parts)
 
 
+def decode_key(raw: str) -> str:
+    """What one key press means: "right" / "left" for the arrow keys (whose escape sequences
+    ESC [ C / ESC [ D arrive together in one read), else the first character, lowercased; an
+    empty read (end of input) means "q"."""
+    if raw.startswith("\x1b[") or raw.startswith("\x1bO"):
+        return {"C": "right", "D": "left"}.get(raw[2:3], "other")
+    return raw[:1].lower() if raw else "q"
+
+
 def _wait_key(prompt: str) -> str:
-    """One key press (no Enter needed on Unix terminals); returns it lowercased."""
+    """One key press (no Enter needed on Unix terminals), as ``decode_key`` names it."""
     sys.stdout.write(prompt)
     sys.stdout.flush()
     try:
+        import os
         import termios
         import tty
 
@@ -160,13 +172,15 @@ def _wait_key(prompt: str) -> str:
         old = termios.tcgetattr(fd)
         try:
             tty.setcbreak(fd)
-            ch = sys.stdin.read(1)
+            # One raw read takes a whole escape sequence (an arrow key is three bytes), so its
+            # tail is not left behind to be read as two more key presses.
+            raw = os.read(fd, 8).decode(errors="replace")
         finally:
             termios.tcsetattr(fd, termios.TCSADRAIN, old)
     except (ImportError, OSError, ValueError):
-        ch = (sys.stdin.readline() or "q")[:1]
+        raw = (sys.stdin.readline() or "q")[:1]
     sys.stdout.write("\n")
-    return ch.lower()
+    return decode_key(raw)
 
 
 def run_quiz(drills: list[Drill], ctx: Context, *, answers: bool, interactive: bool,

@@ -149,7 +149,8 @@ class SwapMixin:
             tokens = self._tokens[seq_id]  # type: ignore[attr-defined]
             bs = self.block_size  # type: ignore[attr-defined]
             chunks = [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(len(hashes))]
-            alloc.register_run(table, hashes, chunks, start=0)
+            self._serials[seq_id] = alloc.register_run(  # type: ignore[attr-defined]
+                table, hashes, chunks, start=0)
 
     def preempt_by_recompute(self, seq_ids: Iterable[Hashable]) -> dict[Hashable, list[int]]:
         """Free a group's blocks and forget the sequences; returns each one's token ids (prompt

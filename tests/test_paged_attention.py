@@ -240,6 +240,23 @@ def test_online_close_to_plain(sc):
                                    plain.astype(np.float64), rtol=tol, atol=tol)
 
 
+@settings(max_examples=20)
+@given(scenarios(max_len=200), st.integers(0, 2**32 - 1))
+def test_prefill_online_close_to_plain(sc, seed):
+    """The prefill path's second guarantee: its online walk is within rounding of the plain
+    oracle, with the tolerances of test_online_close_to_plain (same reasons, same <= 200 keys)."""
+    tol = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}[sc.dtype]
+    qp, qlens = prefill_queries(sc, np.random.default_rng(seed))
+    online = paged_prefill_attention(qp, sc.key_cache, sc.value_cache, sc.tables, sc.lens, qlens,
+                                     method="online")
+    starts = np.concatenate([[0], np.cumsum(qlens)])
+    for s in range(len(sc.lens)):
+        rows = slice(starts[s], starts[s + 1])
+        plain = dense_attention(qp[rows], sc.k[s], sc.v[s])
+        np.testing.assert_allclose(online[rows].astype(np.float64), plain.astype(np.float64),
+                                   rtol=tol, atol=tol)
+
+
 @settings(max_examples=30)
 @given(scenarios(max_len=200))
 def test_gather_kv_returns_the_logical_sequence(sc):

@@ -6,7 +6,7 @@ import pytest
 
 from minipaged.block_allocator import OutOfBlocksError
 from minipaged.kv_cache import KVCacheManager
-from minipaged.prefix_cache import PrefixCachingBlockAllocator
+from minipaged.prefix_cache import BROKEN, ROOT_SERIAL, PrefixCachingBlockAllocator
 
 
 def test_second_request_reuses_full_blocks_and_recomputes_the_last_token():
@@ -104,9 +104,14 @@ def test_tables_are_append_only_and_hits_are_counted():
 def test_allocator_bad_inputs_and_invariants():
     a = PrefixCachingBlockAllocator(3)
     b = a.allocate()
-    assert a.register(b, 7, 0, (1, 2))
-    assert not a.register(b, 8, 0, (1, 3))  # a block carries one hash
+    assert a.register_block(b, 7, ROOT_SERIAL, (1, 2)) == a.serial(b)
+    assert a.register_block(b, 8, ROOT_SERIAL, (1, 3)) == BROKEN  # a block carries one hash
+    c = a.allocate()
+    assert a.register_block(c, 7, ROOT_SERIAL, (1, 2)) == a.serial(b)  # a duplicate: b stands
+    assert a.register_block(c, 7, ROOT_SERIAL, (5, 5)) == BROKEN  # a collision
+    assert a.register_block(c, 9, BROKEN, (5, 5)) == BROKEN  # a broken chain stays broken
     a.free(b)
+    a.free(c)
     assert a.num_free_blocks == 3 and a.num_cached_free_blocks == 1
     a.check_invariants()
     with pytest.raises(ValueError, match="double free"):

@@ -145,6 +145,17 @@ def test_select_by_number_and_key_and_reject_unknown():
         select(list(DRILLS), ["nope"])
     with pytest.raises(ValueError, match="num_requests"):
         Context(num_requests=0)
+    with pytest.raises(ValueError, match="seed=-1 must be an int >= 0"):
+        Context(seed=-1)
+
+
+def test_key_presses_are_decoded_whole():
+    # An arrow key is one read of three bytes; it must count as one key, not ESC, "[", "C".
+    assert quiz.decode_key("\x1b[C") == "right" and quiz.decode_key("\x1bOC") == "right"
+    assert quiz.decode_key("\x1b[D") == "left"
+    assert quiz.decode_key("\x1b[A") == "other"
+    assert quiz.decode_key("Q") == "q" and quiz.decode_key(" ") == " "
+    assert quiz.decode_key("") == "q"                  # end of input quits, never spins
 
 
 def test_cli_answers_worksheet_and_errors():
@@ -159,6 +170,8 @@ def test_cli_answers_worksheet_and_errors():
     assert "measured now" not in sheet.stdout and "--answers" in sheet.stdout
     bad = _cli("--only", "nope")
     assert bad.returncode == 2 and "names no drill" in bad.stdout
+    bad = _cli("--seed", "-1")
+    assert bad.returncode == 2 and "seed=-1" in bad.stdout and "Traceback" not in bad.stderr
 
 
 def test_glossary_names_every_key_term_in_both_languages():

@@ -65,12 +65,14 @@ def dense_outputs(model, seqs, q):
 
 class SharingMachine(RuleBasedStateMachine):
     prefix_mode = False
+    hash_fn = None
 
     @initialize(num_blocks=st.integers(2, 14), block_size=st.sampled_from([1, 2, 3, 4]),
                 num_cpu_blocks=st.integers(1, 10))
     def setup(self, num_blocks, block_size, num_cpu_blocks):
         self.mgr = KVCacheManager(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks,
-                                  enable_prefix_caching=self.prefix_mode)
+                                  enable_prefix_caching=self.prefix_mode,
+                                  hash_fn=type(self).hash_fn)
         shape = (num_blocks, HKV, block_size, D)  # [NB, Hkv, BS, D]
         self.kc = np.full(shape, np.nan, np.float32)
         self.vc = np.full(shape, np.nan, np.float32)
@@ -320,7 +322,21 @@ class PrefixCachingMachine(SharingMachine):
     prefix_mode = True
 
 
+def colliding_hash(parent: int, token_ids: tuple[int, ...]) -> int:
+    """A terrible hash on purpose: it keeps only the parity of the parent's hash and 3 bits
+    in all, so different prefixes collide all the time, including the dangerous case: equal
+    block tokens after different parents. S5 must still hold exactly: hits are verified by
+    the block's token ids and by the serial of the parent block the previous hit verified."""
+    return hash((parent % 2, token_ids)) % 8
+
+
+class CollidingHashMachine(PrefixCachingMachine):
+    hash_fn = staticmethod(colliding_hash)
+
+
 SharingMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=35)
 PrefixCachingMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=35)
+CollidingHashMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=35)
 TestCopyOnWrite = SharingMachine.TestCase
 TestPrefixCaching = PrefixCachingMachine.TestCase
+TestPrefixCachingUnderCollisions = CollidingHashMachine.TestCase

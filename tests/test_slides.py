@@ -125,6 +125,19 @@ def test_presenter_keys(monkeypatch):
     assert " 3/" in out and "2/" in out    # forward twice, then back
 
 
+def test_presenter_arrow_keys(monkeypatch):
+    # The arrow keys as quiz.decode_key names them: right twice, left once, right: slide 3.
+    keys = iter(["right", "right", "left", "right", "q"])
+    shown = []
+    monkeypatch.setattr(present, "_key", lambda prompt: next(keys))
+    monkeypatch.setattr(present, "render_slide",
+                        lambda s, total, base, notes: shown.append(s.number) or "")
+    console = Console(record=True, width=100, color_system=None)
+    assert present.present(DECKS[0], notes=False, start=1, interactive=True,
+                           console=console) == 0
+    assert shown == [1, 2, 3, 2, 3]
+
+
 def test_present_cli():
     env = dict(os.environ, COLUMNS="100", TERM="dumb")
     run = subprocess.run([sys.executable, "-m", "minipaged", "present",
@@ -136,3 +149,21 @@ def test_present_cli():
     missing = subprocess.run([sys.executable, "-m", "minipaged", "present", "nope.md"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert missing.returncode == 2 and "does not exist" in missing.stdout
+
+
+def test_numbers_typed_into_the_deck_are_the_packages():
+    """The few figures written as text (worked arithmetic, not tables) must equal what the
+    package computes; tables of figures are generated (kv_fits, seed_wrong) instead."""
+    from minipaged.sim.memory import PRESETS, GiB, block_table_bytes, kv_calc
+
+    text = DECKS[0].read_text(encoding="utf-8")
+    opt = kv_calc(PRESETS["opt-13b"])
+    assert f"= {opt['kv_bytes_per_token'] // 1024} KiB per token" in text
+    assert f"about {opt['token_slots'] / 1000:.1f}K tokens" in text
+    t128 = block_table_bytes(128 * 1024, 16)
+    assert f"= {t128 // 4} int32 entries = **{t128 // 1024} KiB** per request" in text
+    assert f"**{block_table_bytes(32 * 1024, 16) * 1000 / 2**20:.1f} MiB**" in text
+    llama = kv_calc(PRESETS["llama-3-8b"], context_len=128 * 1024)
+    assert f"{llama['kv_bytes_per_request'] / GiB:.0f} GiB of KV for one 128K-token" in text
+    n = len(present.parse_deck(text))
+    assert f"is a {n}-slide deck" in (SLIDES / "README.md").read_text(encoding="utf-8")

@@ -20,9 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=32, help="concurrent requests (default 32)")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs (median reported)")
+    p.add_argument("--max-tokens", type=int, default=64,
+                   help="new tokens per request, at most (default 64)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="token slots per block of the paged engine (default 16); the reference "
+                        "generator has no blocks")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs, the median is reported (default 3)")
     p.set_defaults(func=run)
 
 
@@ -42,8 +46,11 @@ def run(args: argparse.Namespace) -> int:
     from minipaged.model.reference import ReferenceGenerator
     from minipaged.model.sampling import SamplingParams
 
-    if args.requests < 1 or args.max_tokens < 1 or args.repeats < 1:
-        raise SystemExit("--requests, --max-tokens and --repeats must be >= 1")
+    for flag in ("requests", "max_tokens", "repeats", "block_size"):
+        if getattr(args, flag) < 1:
+            Console(stderr=True).print(f"bench generate: --{flag.replace('_', '-')}="
+                                       f"{getattr(args, flag)} must be >= 1")
+            return 2
     torch.set_num_threads(1)
     model = load_model()
     starts = corpus.all_starts()

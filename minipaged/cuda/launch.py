@@ -76,8 +76,9 @@ class _OnGPU:
         return torch.from_dlpack(out)
 
 
-def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None,
-                    backend: str = "cpu", version: int = 1):
+def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
+                    seq_lens: Any, *, scale: float | None = None, backend: str = "cpu",
+                    version: int = 1) -> Any:
     """Decode attention through block tables, on a CUDA kernel. out [S, H, D], query's dtype.
 
     query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int32 [S, MB] (entries
@@ -121,8 +122,8 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
 # reshape_and_cache and copy_blocks
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *,
-                      backend: str = "cpu") -> None:
+def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
+                      *, backend: str = "cpu") -> None:
     """Scatter new tokens' K/V [T, Hkv, D] into the caches at slot_mapping [T]; in place.
 
     slot = physical_block * BS + offset; a negative slot is padding and is skipped. Same contract
@@ -153,7 +154,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *,
     cpu_build.check(lib, rc)
 
 
-def copy_blocks(key_cache, value_cache, block_mapping, *, backend: str = "cpu") -> None:
+def copy_blocks(key_cache: Any, value_cache: Any, block_mapping: Any, *,
+                backend: str = "cpu") -> None:
     """Copy whole physical blocks src -> dst in both caches, in one launch (copy-on-write).
 
     block_mapping: (src, dst) pairs, a list or an int array [N, 2]. Same contract as

@@ -130,7 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--solution", action="store_true",
                    help="grade exercises/solutions/NN_*.py instead (spoiler)")
     p.add_argument("--timeout", type=float, default=20.0,
-                   help="seconds one case may run before it is stopped (default 20)")
+                   help="seconds one case may run before it is stopped, so an endless loop "
+                        "is reported instead of hanging (default 20; 0 = no limit)")
     p.set_defaults(func=run_check)
 
 
@@ -152,6 +153,8 @@ def run_check(args: argparse.Namespace) -> int:
         console.print(table)
         return 0 if args.list else 2
     try:
+        if not args.timeout >= 0:
+            raise ValueError(f"--timeout={args.timeout} must be >= 0 seconds (0 = no limit)")
         exercise, path = resolve(args.exercise, solution=args.solution)
     except ValueError as e:
         console.print(f"[red]minipaged check:[/] {e}")

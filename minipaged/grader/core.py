@@ -201,7 +201,11 @@ def run_case(case: Case, module: ModuleType, path: Path, timeout_s: float) -> Ca
 
 
 def grade(exercise: Exercise, path: Path, *, timeout_s: float = 20.0) -> GradeResult:
-    """Import ``path`` and run every hidden case of ``exercise`` against it."""
+    """Import ``path`` and run every hidden case of ``exercise`` against it (each case stopped
+    after ``timeout_s`` seconds where the platform allows; 0 = no limit)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s >= 0:
+        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds >= 0")
     path = Path(path)
     try:
         module = load_module(path)

@@ -151,17 +151,20 @@ def summary_table(results: dict, title: str):
 
 
 def _str_keys(obj):
-    """JSON objects have string keys; experiment results are keyed by block size or width."""
+    """JSON objects have string keys (experiment results are keyed by block size or width),
+    and strict JSON has no Infinity (an all-at-once request rate)."""
     if isinstance(obj, dict):
         return {str(k): _str_keys(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_str_keys(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)  # "inf": strict JSON has no Infinity
     return obj
 
 
 def write_json(path: str, obj) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(_str_keys(obj), f, indent=2, sort_keys=True, default=str)
+        json.dump(_str_keys(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
         f.write("\n")
 
 
