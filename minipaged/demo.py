@@ -35,6 +35,8 @@ Watch a paged KV cache work, one step at a time. Scenes, in tour order:
   prefix         a shared system prompt: prefix-cache hits and LRU eviction
   preempt        a pool too small: swapping to a CPU pool and back, and recomputation
   attention      a query walking its block table; the output equals dense attention
+  model          the tiny trained model generating through the paged engine: real text in
+                 the blocks, two samples sharing the prompt, copy-on-write (needs torch)
 
 Without SCENE, plays all scenes this checkout supports, in order (--list says which).
 Keys: space or right arrow = next, a = autoplay on/off, q = quit. When stdout is not a

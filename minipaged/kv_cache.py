@@ -343,10 +343,33 @@ class KVCacheManager(SwapMixin):
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Slots by category (``usage.py``). A shared block is counted once: its filled slots
         are the most any of its users has written, its reserved slots the most any user will
-        still write; the rest of an allocated block is internal fragmentation."""
-        bs = self.block_size
-        filled: dict[int, int] = {}
-        wanted: dict[int, int] = {}
+        still write; the rest of an allocated block is internal fragmentation.
+
+        O(#sequences), yet equal to the oracle ``usage_slow`` (stateful tests assert it): a block
+        in use is in a table or is a pending copy source nobody holds (``_deferred``); only a
+        *last* block can be partly filled, with the same fill in every table holding it (a
+        shared block is never written; prefix caching shares only full blocks). So tables hold
+        ``used - len(_deferred)`` blocks: full but partial last ones (reservations sit there)."""
+        bs, tokens = self.block_size, self._tokens
+        partial: dict[int, tuple[int, int]] = {}  # last block -> (filled, wanted)
+        for s, table in self._tables.items():
+            n = len(tokens[s])
+            filled = n % bs
+            if filled:
+                final = n if final_lens is None else max(n, int(final_lens.get(s, n)))
+                wanted = min(bs, final - n + filled)
+                f0, w0 = partial.get(table[-1], (0, 0))  # shared by a fork: the longest plan
+                partial[table[-1]] = (max(f0, filled), max(w0, wanted))
+        used = self.num_blocks - self.num_free_blocks
+        token = (used - len(self._deferred)) * bs - sum(bs - f for f, _ in partial.values())
+        reserved = sum(w - f for f, w in partial.values())
+        return KVUsage(total=self.num_blocks * bs, token=token, reserved=reserved,
+                       internal_fragmentation=used * bs - token - reserved,
+                       external_fragmentation=0, free=self.num_free_blocks * bs)
+
+    def usage_slow(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
+        """Oracle for ``usage``: the definition, block by block over every table entry."""
+        bs, filled, wanted = self.block_size, {}, {}  # block -> most filled / most wanted
         for s, table in self._tables.items():
             n = len(self._tokens[s])
             final = n if final_lens is None else max(n, int(final_lens.get(s, n)))
@@ -354,14 +377,11 @@ class KVCacheManager(SwapMixin):
                 start = i * bs
                 filled[block] = max(filled.get(block, 0), min(bs, n - start))
                 wanted[block] = max(wanted.get(block, 0), min(bs, final - start))
-        token = sum(filled.values())
-        reserved = sum(wanted[b] - filled[b] for b in filled)
-        # Blocks in use but in no table: pending copy sources already dropped by their owners.
-        used = self.num_blocks - self.num_free_blocks
-        free = self.num_free_blocks * bs
-        internal = used * bs - token - reserved
+        token, reserved = sum(filled.values()), sum(wanted[b] - filled[b] for b in filled)
+        used = self.num_blocks - self.num_free_blocks  # + pending copy sources in no table
         return KVUsage(total=self.num_blocks * bs, token=token, reserved=reserved,
-                       internal_fragmentation=internal, external_fragmentation=0, free=free)
+                       internal_fragmentation=used * bs - token - reserved,
+                       external_fragmentation=0, free=self.num_free_blocks * bs)
 
     def check_invariants(self) -> None:
         """Assert invariants 1, 2 and 4 of the module docstring (O(NB), for tests)."""

@@ -67,6 +67,12 @@ lens_strategy = st.lists(
          lens=[1, 4097, 513], seed=1)
 @example(dtype="float32", head_size=64, block_size=8, num_kv_heads=1, group=4,
          lens=[2500, 17], seed=2)
+# D=16 (the shipped model's head size): fp16 with BS=8 is the one instantiation whose lanes
+# load 8 bytes, not 16 (paged_attention.cu, VEC); fp32 with BS=32 has one lane per token
+@example(dtype="float16", head_size=16, block_size=8, num_kv_heads=2, group=2,
+         lens=[600, 9, 1], seed=3)
+@example(dtype="float32", head_size=16, block_size=32, num_kv_heads=1, group=4,
+         lens=[33, 530], seed=4)
 def test_matches_reference(dtype, head_size, block_size, num_kv_heads, group, lens, seed):
     case = make_case(seed, dtype=dtype, num_heads=num_kv_heads * group,
                      num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
@@ -101,6 +107,8 @@ def test_matches_reference(dtype, head_size, block_size, num_kv_heads, group, le
        group=st.sampled_from([1, 4]),
        lens=st.lists(st.integers(1, 1300), min_size=1, max_size=4),
        seed=st.integers(0, 2**16), version=st.sampled_from([1, 2]))
+@example(dtype="float16", head_size=16, block_size=8, num_kv_heads=2, group=1,
+         lens=[77, 8, 600], seed=5, version=2)
 def test_placement_does_not_change_a_bit(dtype, head_size, block_size, num_kv_heads, group,
                                          lens, seed, version):
     case = make_case(seed, dtype=dtype, num_heads=num_kv_heads * group,

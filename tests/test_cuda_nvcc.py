@@ -69,12 +69,31 @@ def test_no_kernel_uses_local_memory_arrays(ptx):
     assert ".local" not in text
 
 
-def test_keys_are_read_with_16_byte_loads(ptx):
-    # the Vec<scalar_t, 16 / sizeof(scalar_t)> loads of paged_attention.cu must reach the PTX as
-    # vector loads (ld.global[.nc].v4.*), or each lane would fetch 2-4 bytes at a time
+def _expected_key_load_bytes(dtype: str, d: int, bs: int) -> int:
+    """paged_attention.cu's VEC in bytes: 16, or a thread group's share of one key row when
+    that is smaller (only D=16 fp16 with BS=8: 4 lanes x 8 bytes per 32-byte row)."""
+    itemsize = 2 if dtype == "float16" else 4
+    group = max(1, 32 // bs)
+    return min(16, d // group * itemsize)
+
+
+def test_keys_are_read_with_vector_loads(ptx):
+    # the Vec<scalar_t, VEC> loads of paged_attention.cu must reach the PTX as vector loads
+    # (ld.global[.nc].v4.f32 / .v4.u32 for 16 bytes, .v4.u16 for 8), or each lane would fetch
+    # 2-4 bytes at a time; the widest load of each kernel is its key load
     _, _, text = ptx[("sm_90", ())]
-    bodies = re.findall(r"\.entry\s+(\w+)\((.*?)\n}\n", text, flags=re.S)
-    attention = [(n, b) for n, b in bodies if "paged_attention_kernel" in n]
+    bodies = dict(re.findall(r"\.entry\s+(\w+)\((.*?)\n}\n", text, flags=re.S))
+    attention = {n: b for n, b in bodies.items() if "paged_attention_kernel" in n}
     assert len(attention) == 2 * len(cpu_build.ALL_INSTANTIATIONS)
-    for name, body in attention:
-        assert re.search(r"ld\.global(\.nc)?\.v4\.", body), f"{name}: no 16-byte key loads"
+    checked = 0
+    for dtype, d, bs in cpu_build.ALL_INSTANTIATIONS:
+        t = "6__half" if dtype == "float16" else "f"
+        for name, body in attention.items():
+            if f"paged_attention_kernelI{t}Li{d}ELi{bs}ELi" not in name:
+                continue
+            loads = re.findall(r"ld\.global(?:\.nc)?\.v(\d)\.[a-z]+(\d+)", body)
+            widest = max((int(n) * int(bits) // 8 for n, bits in loads), default=0)
+            assert widest == _expected_key_load_bytes(dtype, d, bs), \
+                f"{name}: widest vector load {widest} bytes"
+            checked += 1
+    assert checked == len(attention)

@@ -111,3 +111,38 @@ def test_bad_inputs():
     m.free("a")
     with pytest.raises(KeyError):
         m.free("a")  # double free of a sequence
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_fast_usage_equals_the_block_by_block_oracle(prefix):
+    """``usage`` (O(#sequences)) against ``usage_slow`` (every table entry) after every step
+    of a seeded random mix of allocate / append / fork / free / swap, with shared prompts,
+    pending copy-on-write copies (and their deferred sources) and planned final lengths."""
+    rng = np.random.default_rng(7)
+    m = KVCacheManager(24, 4, enable_prefix_caching=prefix, num_cpu_blocks=24)
+    live: list[int] = []
+    for step in range(600):
+        op = rng.integers(0, 6)
+        try:
+            if op == 0 or len(live) < 2:
+                sid = step
+                m.allocate(sid, [1, 2, 3, 4, 5][:1 + step % 5] + [step] * int(rng.integers(0, 6)))
+                live.append(sid)
+            elif op == 1 or op == 2:
+                m.append_slot(live[int(rng.integers(len(live)))], int(rng.integers(9)))
+            elif op == 3 and not prefix:
+                m.fork(live[int(rng.integers(len(live)))], 10_000 + step)
+                live.append(10_000 + step)
+            elif op == 4:
+                m.free(live.pop(int(rng.integers(len(live)))))
+            else:
+                sid = live[int(rng.integers(len(live)))]
+                if rng.random() < 0.3:  # else copies stay pending: swap_out may refuse
+                    m.take_copies()
+                m.swap_out([sid]) if not m.is_swapped(sid) else m.swap_in([sid])
+        except (OutOfBlocksError, ValueError):
+            pass  # a full pool, or a swapped sequence asked to append: state unchanged
+        on_gpu = [s for s in live if not m.is_swapped(s)]
+        finals = {s: m.seq_len(s) + (s * 5) % 11 for s in on_gpu}
+        assert m.usage() == m.usage_slow() and m.usage(finals) == m.usage_slow(finals)
+    m.check_invariants()

@@ -12,7 +12,9 @@ Invariants checked after every step (in prose, then in code below):
     I5  every live sequence's K/V, read back through its block table, equals exactly what was
         written for it: so no operation on one sequence ever changed another's K/V;
     I6  OutOfBlocksError leaves the manager exactly as it was, and says needed > free;
-    I7  freeing every sequence returns the pool to full.
+    I7  freeing every sequence returns the pool to full;
+    I8  the O(#sequences) ``usage`` equals its block-by-block oracle ``usage_slow``, with and
+        without planned final lengths.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
         for b in range(mgr.num_blocks):
             assert mgr.ref_count(b) == (1 if b in owner else 0)  # I3
         mgr.check_invariants()
+        finals = {sid: mgr.seq_len(sid) + sid % 7 for sid in self.model}
+        assert mgr.usage() == mgr.usage_slow() and mgr.usage(finals) == mgr.usage_slow(finals)  # I8
 
     @invariant()
     def kv_is_what_was_written(self) -> None:

@@ -116,3 +116,40 @@ def test_allocator_bad_inputs_and_invariants():
     a.check_invariants()
     with pytest.raises(ValueError, match="double free"):
         a.free(b)
+
+
+def test_lazy_lru_queue_matches_a_linked_list_model():
+    """The deque with stale entries (lazy removal from the middle, compaction) evicts in exactly
+    the order of a real linked list (an OrderedDict model), through many hits on free blocks."""
+    import random
+    from collections import OrderedDict
+
+    rnd = random.Random(5)
+    a = PrefixCachingBlockAllocator(200)
+    model: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recent first
+    used: list[int] = []
+    compactions = 0
+    for step in range(4000):
+        op = rnd.random()
+        if op < 0.35 and a.num_free_blocks:
+            b = a.allocate()
+            if b in model:  # evicted: must be the least recently used one
+                assert b == next(iter(model)) and len(a._free) == 0
+                del model[b]
+            a.register_block(b, step, ROOT_SERIAL, (step,))
+            used.append(b)
+        elif op < 0.7 and used:
+            b = used.pop(rnd.randrange(len(used)))
+            a.free(b)
+            model[b] = None
+        elif model:
+            b = rnd.choice(list(model))  # a prefix-cache hit on a free block: out of the middle
+            stale_before = a._num_stale
+            a.touch(b)
+            compactions += a._num_stale < stale_before
+            del model[b]
+            used.append(b)
+        assert a.lru_blocks() == list(model)
+        assert a.num_cached_free_blocks == len(model)
+    a.check_invariants()
+    assert compactions > 0  # the stale entries were dropped at least once

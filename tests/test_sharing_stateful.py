@@ -21,7 +21,9 @@ Invariants, checked after every step or at every flush (prose here, code below):
     S8  freeing everything returns every GPU and CPU block to free;
     S9  OutOfBlocksError (allocate, append, swap in/out) leaves the manager unchanged;
     S10 until the copies are taken, a copy's source stays allocated (it cannot be handed out
-        and overwritten before it is read) and its destination belongs to exactly one sequence.
+        and overwritten before it is read) and its destination belongs to exactly one sequence;
+    S11 the O(#sequences) ``usage`` equals its block-by-block oracle ``usage_slow`` (shared
+        blocks counted once), with and without planned final lengths.
 """
 
 from __future__ import annotations
@@ -289,6 +291,9 @@ class SharingMachine(RuleBasedStateMachine):
         self.mgr.check_invariants()  # S1
         u = self.mgr.usage()  # KVUsage itself checks that the categories add up to the total
         assert u.free == self.mgr.num_free_blocks * self.mgr.block_size
+        assert u == self.mgr.usage_slow()  # S11: the fast count equals its oracle
+        finals = {s: self.mgr.seq_len(s) + i % 9 for i, s in enumerate(sorted(self.model))}
+        assert self.mgr.usage(finals) == self.mgr.usage_slow(finals)  # S11
         for src, dst in self.mgr.pending_copies:  # S10
             assert self.mgr.ref_count(src) >= 1, f"copy source {src} is free before the copy"
             assert self.mgr.ref_count(dst) == 1, f"copy destination {dst} shared or free"

@@ -43,7 +43,7 @@ SOURCES = ("emu_fibers.h", "emu_half.h", "cuda_emu.h", "common.cuh", "paged_atte
 # The instantiations: every (dtype, head size, block size) a launcher can call. Adding one here
 # adds it to the CPU library, to the NVRTC name list and to the nvcc -ptx check alike.
 DTYPES = {"float32": "float", "float16": "__half"}
-HEAD_SIZES = (64, 128)
+HEAD_SIZES = (16, 64, 128)  # 16: the shipped tiny model (minipaged/model); 64, 128: real LLMs
 BLOCK_SIZES = (8, 16, 32)
 NUM_THREADS = 128
 PARTITION_SIZE = 512

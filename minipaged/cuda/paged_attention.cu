@@ -83,13 +83,27 @@ __global__ void __launch_bounds__(NUM_THREADS) paged_attention_kernel(
   // lanes that share one token's dot product, and how many tokens a warp has in flight
   constexpr int THREAD_GROUP_SIZE = (WARP_SIZE / BLOCK_SIZE) > 1 ? WARP_SIZE / BLOCK_SIZE : 1;
   constexpr int NUM_GROUPS = WARP_SIZE / THREAD_GROUP_SIZE;
-  constexpr int VEC = 16 / sizeof(scalar_t);  // elements per 16-byte load: 4 float, 8 half
+  // Elements per vector load: 16 bytes (4 float, 8 half), unless a group's share of one key
+  // row is smaller than that. Small heads (D=16, the shipped tiny model) are the case: with
+  // BS=8 four lanes share a row, and a D=16 fp16 row is only 32 bytes, so each lane loads
+  // 8 bytes (4 half). The warp still reads its 8 rows x 32 B = 256 contiguous bytes in one go,
+  // so the loads stay coalesced; only the per-lane instruction is narrower. (Fewer lanes per
+  // row would leave whole groups without a token, and then not every lane would reach the
+  // shuffle below.) fp32 D=16 and every D >= 64 keep full 16-byte loads.
+  constexpr int VEC16 = 16 / (int)sizeof(scalar_t);
+  constexpr int VEC = HEAD_SIZE / THREAD_GROUP_SIZE < VEC16 ? HEAD_SIZE / THREAD_GROUP_SIZE
+                                                            : VEC16;
   constexpr int VECS_PER_LANE = HEAD_SIZE / (THREAD_GROUP_SIZE * VEC);  // of one q.k
-  constexpr int DIMS_PER_LANE = HEAD_SIZE / WARP_SIZE;                   // of the output
+  // Output dimensions per lane, rounded up: with D < 32 (D=16) lanes D..31 own none and sit
+  // out the V pass (half the warp idle: a price only the tiny model pays). The guard
+  // `j * WARP_SIZE + lane < HEAD_SIZE` below is always true, and compiled away, for D >= 32.
+  constexpr int DIMS_PER_LANE = (HEAD_SIZE + WARP_SIZE - 1) / WARP_SIZE;
   static_assert(NUM_THREADS % WARP_SIZE == 0, "whole warps only");
-  static_assert(HEAD_SIZE % WARP_SIZE == 0, "each lane owns HEAD_SIZE/32 output dimensions");
+  static_assert(HEAD_SIZE % WARP_SIZE == 0 || HEAD_SIZE < WARP_SIZE,
+                "lane l owns output dimensions l, l+32, ...: D a multiple of 32, or below 32");
   static_assert(PARTITION_SIZE % BLOCK_SIZE == 0, "a partition is a whole number of KV blocks");
-  static_assert(HEAD_SIZE % (THREAD_GROUP_SIZE * VEC) == 0, "whole 16-byte loads per lane");
+  static_assert(VEC >= 1 && (VEC & (VEC - 1)) == 0, "vector width: a power of two elements");
+  static_assert(HEAD_SIZE % (THREAD_GROUP_SIZE * VEC) == 0, "whole vector loads per lane");
 
   const int head = blockIdx.x, seq = blockIdx.y, partition = blockIdx.z;
   const int num_heads = gridDim.x;
@@ -192,13 +206,15 @@ __global__ void __launch_bounds__(NUM_THREADS) paged_attention_kernel(
     for (int t = 0; t < tokens_here; t++) {
       const float w = logits[b * BLOCK_SIZE + t - start_token];
       for (int j = 0; j < DIMS_PER_LANE; j++)
-        acc[j] += w * to_float(v_block[t * HEAD_SIZE + j * WARP_SIZE + lane]);
+        if (j * WARP_SIZE + lane < HEAD_SIZE)
+          acc[j] += w * to_float(v_block[t * HEAD_SIZE + j * WARP_SIZE + lane]);
     }
   }
 
   // 6. Combine the warps' partial outputs in a fixed order (warp 0 + 1 + 2 + 3), so the result
   //    does not depend on which warp finished first, nor on where the blocks live in memory.
-  for (int j = 0; j < DIMS_PER_LANE; j++) out_s[warp][j * WARP_SIZE + lane] = acc[j];
+  for (int j = 0; j < DIMS_PER_LANE; j++)
+    if (j * WARP_SIZE + lane < HEAD_SIZE) out_s[warp][j * WARP_SIZE + lane] = acc[j];
   __syncthreads();
   const long long row = (long long)seq * num_heads + head;
   for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) {

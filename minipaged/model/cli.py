@@ -52,9 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="use the plain reference generator (contiguous cache, no batching)")
     p.add_argument("--show-blocks", action="store_true",
                    help="draw the block tables after every step that changes them")
-    p.add_argument("--backend", choices=("numpy", "cuda-cpu"), default="numpy",
-                   help="attention and cache kernels: NumPy (default) or the CUDA kernels under "
-                        "their CPU emulation (needs g++, head size 64/128: not the shipped model)")
+    p.add_argument("--backend", choices=("numpy", "cuda-cpu", "cupy"), default="numpy",
+                   help="attention and cache kernels: NumPy (default), the CUDA kernels under "
+                        "their CPU emulation (cuda-cpu: needs g++), or the same kernels on a GPU "
+                        "through CuPy (cupy: needs a CUDA GPU and pip install 'minipaged[gpu]')")
     p.add_argument("--checkpoint", default=None, help="a checkpoint other than the shipped one")
     p.set_defaults(func=run)
 
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         err.print("minipaged generate needs torch: pip install 'minipaged[torch]'")
         return 2
     from minipaged.model.checkpoint import load_model
+    from minipaged.model.runner import BackendUnavailableError
     from minipaged.model.sampling import SamplingParams
 
     torch.set_num_threads(1)
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                        f"preemptions, {llm.runner.num_blocks_copied} blocks copied on write, "
                        f"{llm.runner.num_blocks_swapped} swapped; pool back to "
                        f"{llm.manager.num_free_blocks}/{llm.num_blocks} free blocks")
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, BackendUnavailableError) as e:
         err.print(f"[red]error:[/red] {e}")
         return 2
     dt = time.perf_counter() - t0

@@ -18,8 +18,8 @@ last block copied on the first write); beams are forked and dropped each step. W
 full prompt blocks are found in the prefix cache instead.
 
 The scheduler finishes a sequence when it reaches its output length; a sequence that ends
-earlier (<eos>, a stop string, a beam search that is done) is finished by the engine with
-``_finish_early`` right after ``update``.
+earlier (<eos>, a stop string, a beam search that is done) is ended by the engine with
+``Scheduler.finish_seq`` right after ``update``, which frees it exactly as ``update`` would.
 
 The oracle is reference.py: the same model, a contiguous cache per sequence, no sharing, no
 batching. tests/test_engine.py checks that both produce the same tokens for every request.
@@ -102,8 +102,9 @@ class LLM:
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)
     chunked_prefill           split prompts over steps of at most max_num_batched_tokens
-    backend                   "numpy" (the CPU default) or "cuda-cpu" (the CUDA kernels of
-                              minipaged/cuda under their CPU emulation; see runner.py)
+    backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
+                              minipaged/cuda under their CPU emulation) or "cupy" (the same
+                              kernels on a GPU, through DLPack); see runner.py
     """
 
     def __init__(self, model: Decoder | None = None, *, num_blocks: int = 256,
@@ -329,19 +330,8 @@ class LLM:
             if st.reason is None or s is None:
                 continue
             if s in s.group.seqs:           # "length" was handled by update() already
-                self._finish_early(sched, s, step)
+                sched.finish_seq(s, float(step))
             self._live.pop(s.seq_id, None)
-
-    def _finish_early(self, sched: Scheduler, s, step: int) -> None:
-        """End sequence ``s`` now, exactly as update() ends one that reached its length."""
-        g = s.group
-        sched.policy.free(s.seq_id)
-        g.seqs.remove(s)
-        g.outputs.append(s.token_ids)
-        if not g.seqs:
-            g.status, g.finish_s = FINISHED, float(step)
-            sched.running = [x for x in sched.running if x is not g]
-            sched.finished.append(g)
 
     # ---- beam search ------------------------------------------------------------------------
     def _beam_samples(self, sampled, logits) -> list:
@@ -400,7 +390,7 @@ class LLM:
         for req in self._reqs:
             if req.beam_over and req.group is not None and req.group.status != FINISHED:
                 for s in list(req.group.seqs):
-                    self._finish_early(sched, s, step)
+                    sched.finish_seq(s, float(step))
                 req.beams = {}
 
     # ---- results ---------------------------------------------------------------------------

@@ -120,11 +120,13 @@ def memory_map(view: PoolView, labels: Labels, *, width: int = 100,
 def block_tables(view: PoolView, labels: Labels, *, seq_ids: Sequence[Hashable] | None = None,
                  vocab: Sequence[str] | None = None, width: int = 100,
                  final_lens: Mapping[Hashable, int] | None = None,
-                 title: str = "block tables (logical -> physical)") -> RenderableType:
+                 title: str = "block tables (logical -> physical)",
+                 joiner: str = " ") -> RenderableType:
     """Each sequence's logical blocks, left to right, naming the physical block they live in.
 
     With ``vocab`` (token id -> text) each sequence's tokens are printed under its row, split at
-    block boundaries with ``|``, so a reader sees which words a block holds."""
+    block boundaries with ``|``, so a reader sees which words a block holds. ``joiner`` goes
+    between tokens: a space for words, "" for characters (a character-level tokenizer)."""
     tables = [view.table(s) for s in seq_ids] if seq_ids is not None else list(view.tables)
     max_blocks = max((len(t.blocks) for t in tables), default=0)
     # A column is about 6 characters wide; beyond what fits, the last column says "+n more".
@@ -149,7 +151,7 @@ def block_tables(view: PoolView, labels: Labels, *, seq_ids: Sequence[Hashable] 
     parts: list[RenderableType] = [Text(title, HEADING_STYLE), table]
     if vocab is not None:
         for t in tables:
-            parts.append(token_line(t, view.block_size, labels, vocab, width))
+            parts.append(token_line(t, view.block_size, labels, vocab, width, joiner=joiner))
     if not tables:
         parts.append(Text("(no sequences)", NOTE_STYLE))
     return Group(*parts)
@@ -172,15 +174,16 @@ def _block_cell(t: TableView, i: int, block_size: int, labels: Labels) -> Text:
 
 
 def token_line(t: TableView, block_size: int, labels: Labels, vocab: Sequence[str],
-               width: int) -> Text:
-    """``A: the cat sat on | a mat .`` : the sequence's tokens, a bar at each block boundary."""
+               width: int, *, joiner: str = " ") -> Text:
+    """``A: the cat sat on | a mat .`` : the sequence's tokens, a bar at each block boundary
+    (with ``joiner=""``, for characters: ``A: coun|t do|wn``)."""
     line = Text(f"{labels(t.seq_id)}: ", labels.style(t.seq_id, dim=True))
     words = []
     for pos, tok in enumerate(t.token_ids):
         if pos and pos % block_size == 0:
             words.append("|")
         words.append(vocab[tok % len(vocab)])
-    line.append(" ".join(words))
+    line.append(joiner.join(words))
     line.truncate(width, overflow="ellipsis")
     return line
 

@@ -126,6 +126,24 @@ def _probe_swap() -> str | None:
     return None
 
 
+def _probe_model() -> str | None:
+    """The tiny trained model and its paged engine: torch (an optional dependency) and the
+    shipped checkpoint. torch is imported for real, so a broken install is reported here, not
+    halfway through a scene."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed (pip install torch); this scene runs the tiny model"
+    try:
+        importlib.import_module("minipaged.model.engine").LLM  # noqa: B018
+        ckpt = importlib.import_module("minipaged.model.checkpoint").DEFAULT_CHECKPOINT
+    except (ImportError, AttributeError, OSError) as e:
+        return f"the model engine (minipaged.model.engine.LLM) cannot be imported: {e!r}"
+    if not ckpt.exists():
+        return f"the model checkpoint {ckpt.name} is missing (python -m minipaged.model.train)"
+    return None
+
+
 PROBES: dict[str, Callable[[], str | None]] = {
     "core": _probe_core,
     "contiguous": _probe_contiguous,
@@ -133,6 +151,7 @@ PROBES: dict[str, Callable[[], str | None]] = {
     "fork": _probe_fork,
     "prefix": _probe_prefix,
     "swap": _probe_swap,
+    "model": _probe_model,
 }
 
 

@@ -1,8 +1,9 @@
 """The demo's scenes, in tour order, and the tour's opening frame.
 
 Each scene is a module of this package (one idea each); ``SCENES`` is the order ``minipaged demo``
-plays them in. A scene whose manager features are missing from this checkout is skipped, with the
-reason shown on the opening frame (``Scene.missing``), never imitated.
+plays them in. A scene whose manager features are missing from this checkout (or, for ``model``,
+torch, an optional dependency) is skipped, with the reason shown on the opening frame
+(``Scene.missing``), never imitated.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from minipaged.viz.palette import HEADING_STYLE, NOTE_STYLE
 from minipaged.viz.scene import Scene
 from minipaged.viz.scenes.attention import AttentionScene
 from minipaged.viz.scenes.fragmentation import FragmentationScene
+from minipaged.viz.scenes.model import ModelScene
 from minipaged.viz.scenes.paging import PagingScene
 from minipaged.viz.scenes.preempt import PreemptScene
 from minipaged.viz.scenes.prefix import PrefixScene
@@ -29,6 +31,7 @@ SCENES: tuple[type[Scene], ...] = (
     PrefixScene,
     PreemptScene,
     AttentionScene,
+    ModelScene,
 )
 
 
@@ -48,7 +51,7 @@ def intro_frame(scenes: list[Scene], skipped: list[tuple[str, str]],
         table,
     ]
     if skipped:
-        parts += [Text(""), Text("not in this tour (the code they need is not there yet):",
+        parts += [Text(""), Text("not in this tour (what they need is missing here):",
                                  NOTE_STYLE)]
         for name, why in skipped:
             parts.append(Text(f"  {name}: {why}", NOTE_STYLE))
