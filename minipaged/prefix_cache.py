@@ -32,7 +32,7 @@ Invariants (asserted by ``check_invariants`` in the stateful tests):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
@@ -53,16 +53,26 @@ def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 class PrefixCachingBlockAllocator(BlockAllocator):
     """A ``BlockAllocator`` whose freed blocks keep their K/V and hash until memory is needed.
 
-    The LRU queue is an ``OrderedDict`` used as a doubly linked list with an index: append at
-    the tail when a block's last user leaves, pop at the head to evict the least recently used,
-    and ``del queue[block]`` in O(1) to take a block out of the *middle* when a new request hits
-    it (vLLM v1 writes the same structure by hand, FreeKVCacheBlockQueue).
+    The LRU queue needs three O(1) operations: append at the tail when a block's last user
+    leaves, pop at the head to evict the least recently used, and take a block out of the
+    *middle* when a new request hits it. vLLM v1 writes a doubly linked list by hand
+    (FreeKVCacheBlockQueue). In Python a linked list costs an object per block, and an
+    ``OrderedDict`` (a linked list plus an index) ~100-200 ns per operation, more than the rest
+    of a decode step's bookkeeping. So the queue is a ``deque`` with *lazy deletion*: taking a
+    block out of the middle only marks its entry stale (``_stale[block] += 1``: one entry of that
+    block, its oldest, is dead); popping at the head skips stale entries; when stale entries
+    outnumber live ones the deque is rebuilt without them. Every operation is O(1) amortized
+    and the order of the live entries is exactly that of the linked list. (A block's stale
+    entries are always older than its live one: it re-enters the queue only after the hit that
+    made the old entry stale.)
     """
 
     def __init__(self, num_blocks: int, hash_fn: HashFn | None = None) -> None:
         super().__init__(num_blocks)
         self.hash_fn: HashFn = hash_fn or default_block_hash
-        self._lru: OrderedDict[int, None] = OrderedDict()  # free blocks with a hash, oldest first
+        self._lru: deque[int] = deque()        # free blocks with a hash, oldest first (+ stale)
+        self._stale: list[int] = [0] * self.num_blocks  # per block: its stale entries in _lru
+        self._num_stale = 0                               # sum of _stale
         self._table: dict[int, int] = {}                    # hash -> physical block
         self._block_hash: list[int | None] = [None] * self.num_blocks
         self._block_parent: list[int] = [ROOT_SERIAL] * self.num_blocks  # parent's serial
@@ -79,18 +89,28 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     # ---- the free side ---------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._lru)
+        return len(self._free) + len(self._lru) - self._num_stale
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return len(self._lru)
+        return len(self._lru) - self._num_stale
+
+    def lru_blocks(self) -> list[int]:
+        """The free cached blocks, least recently used first (the live entries of the queue)."""
+        stale = list(self._stale)
+        out = []
+        for b in self._lru:
+            if stale[b]:
+                stale[b] -= 1  # a block's oldest entries are its stale ones
+            else:
+                out.append(b)
+        return out
 
     def allocate(self) -> int:
         if self._free:  # never-cached blocks first: evict only when nothing else is left
             block = self._free.pop()
-        elif self._lru:
-            block, _ = self._lru.popitem(last=False)  # least recently used
-            self._evict(block)
+        elif len(self._lru) > self._num_stale:
+            block = self._evict_oldest()
         else:
             raise OutOfBlocksError(1, 0)
         self._ref[block] = 1
@@ -99,30 +119,48 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return block
 
     def allocate_many(self, n: int) -> list[int]:
+        """Same blocks, same order as ``n`` calls of ``allocate``: the clean ones, then the
+        least recently used cached ones (evicted)."""
         if n > self.num_free_blocks:
             raise OutOfBlocksError(n, self.num_free_blocks)
-        if n > len(self._free):
-            return [self.allocate() for _ in range(n)]
-        blocks = super().allocate_many(n)  # enough never-cached blocks: one slice
+        free = self._free
+        if n <= len(free):
+            blocks = super().allocate_many(n)  # enough never-cached blocks: one slice
+        else:
+            blocks = free[::-1]  # the order n pops would take them
+            free.clear()
+            blocks += [self._evict_oldest() for _ in range(n - len(blocks))]
+            ref = self._ref
+            for b in blocks:
+                ref[b] = 1
         serial, nxt = self._serial, self._next_serial
         for i, b in enumerate(blocks):
             serial[b] = nxt + i
         self._next_serial = nxt + n
         return blocks
 
-    def _evict(self, block: int) -> None:
-        h = self._block_hash[block]
-        if self._table.get(h) == block:
+    def _evict_oldest(self) -> int:
+        """Pop the least recently used cached block (the caller checked there is one), skipping
+        stale entries, and drop its hash: its K/V are about to be overwritten."""
+        lru, stale = self._lru, self._stale
+        b = lru.popleft()
+        while stale[b]:  # an entry a hit made stale earlier: skip it
+            stale[b] -= 1
+            self._num_stale -= 1
+            b = lru.popleft()
+        h = self._block_hash[b]
+        if self._table.get(h) == b:
             del self._table[h]
-        self._block_hash[block] = None
-        self._block_tokens[block] = None
+        self._block_hash[b] = None
+        self._block_tokens[b] = None
         self.evictions += 1
+        return b
 
     def _release(self, block: int) -> None:
         if self._block_hash[block] is None:
             self._free.append(block)
         else:
-            self._lru[block] = None  # most recently used end
+            self._lru.append(block)  # most recently used end
 
     def _release_many(self, blocks: list[int]) -> None:
         hashes, free, lru = self._block_hash, self._free, self._lru
@@ -130,21 +168,22 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if hashes[b] is None:
                 free.append(b)
             else:
-                lru[b] = None
+                lru.append(b)
 
     def free_many(self, blocks: Iterable[int]) -> None:
         # The base class's loop with the release inlined: freeing a finished request's whole
         # table is the hottest path of prefix caching after append_slot.
         ref, hashes, free, lru = self._ref, self._block_hash, self._free, self._lru
         for b in blocks:
-            if ref[b] == 0:
+            r = ref[b]
+            if r == 0:
                 self.free(b)  # raises: double free
-            ref[b] -= 1
-            if ref[b] == 0:
+            ref[b] = r - 1
+            if r == 1:
                 if hashes[b] is None:
                     free.append(b)
                 else:
-                    lru[b] = None
+                    lru.append(b)
 
     # ---- the hash side ---------------------------------------------------------------------
     def match(self, token_ids: list[int], block_size: int, max_hits: int
@@ -157,7 +196,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         tokens_of, parent_of, serial = self._block_tokens, self._block_parent, self._serial
         inline = hash_fn is default_block_hash  # the same hash, minus a Python call per block
         bs, n_full = block_size, len(token_ids) // block_size
-        chunks = [tuple(token_ids[j:j + bs]) for j in range(0, n_full * bs, bs)]
+        whole = tuple(token_ids)  # one copy; slicing a tuple makes each chunk directly
+        chunks = [whole[j:j + bs] for j in range(0, n_full * bs, bs)]
         hits: list[int] = []
         hashes: list[int] = []
         parent, parent_serial = ROOT_HASH, ROOT_SERIAL
@@ -226,11 +266,26 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self.touch_all([block])
 
     def touch_all(self, blocks: list[int]) -> None:
-        ref, lru = self._ref, self._lru
+        ref, stale = self._ref, self._stale
         for b in blocks:
-            if ref[b] == 0:
-                del lru[b]  # the O(1) removal from the middle of the queue
+            if ref[b] == 0:  # it sits in the LRU queue: O(1) removal from the middle, lazily
+                stale[b] += 1
+                self._num_stale += 1
             ref[b] += 1
+        if self._num_stale > 32 and 2 * self._num_stale > len(self._lru):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the queue without its stale entries. Runs only when they outnumber the live
+        ones, so its O(len) cost is paid for by the hits that made them: O(1) amortized."""
+        stale, keep = self._stale, []
+        for b in self._lru:
+            if stale[b]:
+                stale[b] -= 1  # every stale entry is in the queue: this zeroes every count
+            else:
+                keep.append(b)
+        self._lru = deque(keep)
+        self._num_stale = 0
 
     def serial(self, block: int) -> int:
         """The allocation serial of a block (see ``__init__``)."""
@@ -247,7 +302,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return dict(self._table)
 
     def check_invariants(self) -> None:
-        free, lru = self._free, list(self._lru)
+        free, lru = self._free, self.lru_blocks()
+        assert self._num_stale == sum(self._stale) >= 0, "stale entry count"
+        assert len(lru) == len(self._lru) - self._num_stale, "a stale count without an entry"
         assert len(set(free) | set(lru)) == len(free) + len(lru), "a block is free twice"
         for b in free:
             assert self._ref[b] == 0 and self._block_hash[b] is None, f"clean free block {b}"
