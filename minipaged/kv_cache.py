@@ -36,13 +36,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from minipaged.block_allocator import BlockAllocator, OutOfBlocksError, check_int
-from minipaged.prefix_cache import (
-    ROOT_HASH,
-    ROOT_SERIAL,
-    HashFn,
-    PrefixCachingBlockAllocator,
-    default_block_hash,
-)
+from minipaged.prefix_cache import HashFn, PrefixCachingBlockAllocator
 from minipaged.swap import SwapMixin
 from minipaged.usage import KVUsage
 
@@ -115,10 +109,13 @@ class KVCacheManager(SwapMixin):
     def _seq(self, seq_id: SeqId) -> list[int]:
         table = self._tables.get(seq_id)
         if table is None:
-            if seq_id in self._tokens:
-                raise ValueError(f"seq_id={seq_id!r} is swapped out; swap_in it first")
-            raise KeyError(f"seq_id={seq_id!r} is not allocated (known: {self.seq_ids[:8]})")
+            raise self._seq_error(seq_id)
         return table
+
+    def _seq_error(self, seq_id: SeqId) -> Exception:
+        if seq_id in self._tokens:
+            return ValueError(f"seq_id={seq_id!r} is swapped out; swap_in it first")
+        return KeyError(f"seq_id={seq_id!r} is not allocated (known: {self.seq_ids[:8]})")
 
     def seq_len(self, seq_id: SeqId) -> int:
         if seq_id not in self._tokens:
@@ -192,12 +189,11 @@ class KVCacheManager(SwapMixin):
         if prefix is not None:
             # At least the last prompt token is recomputed (the model needs its logits), so a
             # block reaching position n - 1 is never a hit: at most (n - 1) // BS hits.
-            hits, hashes, chunks = prefix.match(tokens, bs, max_hits=(n - 1) // bs)
+            hits, hashes, chunks, serials = prefix.match(tokens, bs, (n - 1) // bs)
         need = n_blocks - len(hits)
         avail = alloc.num_free_blocks
         if hits:  # hits sitting in the LRU queue are counted free but are not ours to take
-            ref = self._ref
-            avail -= [ref[b] for b in hits].count(0)
+            avail -= list(map(self._ref.__getitem__, hits)).count(0)  # C loops only
         if need > avail:
             raise OutOfBlocksError(need, avail,
                                    f"for the prompt of seq_id={seq_id!r} ({n} tokens)")
@@ -208,8 +204,10 @@ class KVCacheManager(SwapMixin):
         table = hits + alloc.allocate_many(need)
         self._tables[seq_id] = table
         self._tokens[seq_id] = tokens
-        if prefix is not None:
-            self._serials[seq_id] = prefix.register_run(table, hashes, chunks, start=len(hits))
+        if prefix is not None:  # new full blocks (if any; often all full ones were hits)
+            if len(hits) < len(hashes):
+                serials = prefix.register_run(table, hashes, chunks, len(hits), serials)
+            self._serials[seq_id] = serials
             self._hashes[seq_id] = hashes
         return len(hits) * bs
 
@@ -217,9 +215,10 @@ class KVCacheManager(SwapMixin):
         """The cache slot for one new token at position ``seq_len``; a new block only when the
         last is full; copy-on-write when the last block is shared. On OutOfBlocksError nothing
         has changed (the token is not appended)."""
-        table = self._tables.get(seq_id)
-        if table is None:
-            self._seq(seq_id)  # raises: unknown or swapped out
+        try:  # a subscript, not .get(): no method call on the hottest path (~200k calls)
+            table = self._tables[seq_id]
+        except KeyError:
+            raise self._seq_error(seq_id) from None
         if type(token_id) is not int:
             token_id = check_int("token_id", token_id)
         tokens = self._tokens[seq_id]
@@ -233,8 +232,9 @@ class KVCacheManager(SwapMixin):
             if self._ref[block] > 1:
                 block = self._copy_on_write(table)
         tokens.append(token_id)
-        if offset == bs - 1 and self._prefix is not None:
-            self._cache_full_block(seq_id, block, tokens)
+        if offset == bs - 1 and self._prefix is not None:  # just full: hash it, cache it
+            self._prefix.register_next(block, self._hashes[seq_id], self._serials[seq_id],
+                                       tuple(tokens[-bs:]))
         return block * bs + offset
 
     def _copy_on_write(self, table: list[int]) -> int:
@@ -250,24 +250,14 @@ class KVCacheManager(SwapMixin):
         table[-1] = new
         return new
 
-    def _cache_full_block(self, seq_id: SeqId, block: int, tokens: list[int]) -> None:
-        """The block just became full: give it its chained hash (prefix caching)."""
-        hashes, serials, bs = self._hashes[seq_id], self._serials[seq_id], self.block_size
-        parent = hashes[-1] if hashes else ROOT_HASH
-        block_tokens = tuple(tokens[-bs:])
-        prefix = self._prefix
-        assert prefix is not None
-        h = (hash((parent, block_tokens)) if prefix.hash_fn is default_block_hash
-             else prefix.hash_fn(parent, block_tokens))
-        serials.append(prefix.register_block(block, h, serials[-1] if serials else ROOT_SERIAL,
-                                             block_tokens))
-        hashes.append(h)
-
     def free(self, seq_id: SeqId) -> None:
         """Release a sequence (finished or aborted): every block loses one user."""
         table = self._tables.pop(seq_id, None)
         if table is not None:
-            self._release_table(table)
+            if self._src_pairs or self._copies:
+                self._release_table(table)
+            else:  # the common case, no copy pending: _release_table's fast path, one call less
+                self._alloc.free_many(reversed(table))
         elif seq_id in self._tokens:
             self._free_swapped(seq_id)
         else:

@@ -120,38 +120,35 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def allocate_many(self, n: int) -> list[int]:
         """Same blocks, same order as ``n`` calls of ``allocate``: the clean ones, then the
-        least recently used cached ones (evicted)."""
-        if n > self.num_free_blocks:
-            raise OutOfBlocksError(n, self.num_free_blocks)
+        least recently used cached ones (evicted). One plain loop: a prompt's new blocks are
+        few (its prefix is mostly hits), so slicing tricks cost more than they save."""
         free = self._free
-        if n <= len(free):
-            blocks = super().allocate_many(n)  # enough never-cached blocks: one slice
-        else:
-            blocks = free[::-1]  # the order n pops would take them
-            free.clear()
-            blocks += [self._evict_oldest() for _ in range(n - len(blocks))]
-            ref = self._ref
-            for b in blocks:
-                ref[b] = 1
-        serial, nxt = self._serial, self._next_serial
-        for i, b in enumerate(blocks):
-            serial[b] = nxt + i
-        self._next_serial = nxt + n
+        if n > len(free) + len(self._lru) - self._num_stale:
+            raise OutOfBlocksError(n, self.num_free_blocks)
+        ref, serial, nxt = self._ref, self._serial, self._next_serial
+        blocks = []
+        for _ in range(n):
+            b = free.pop() if free else self._evict_oldest()
+            ref[b] = 1
+            serial[b] = nxt
+            nxt += 1
+            blocks.append(b)
+        self._next_serial = nxt
         return blocks
 
     def _evict_oldest(self) -> int:
         """Pop the least recently used cached block (the caller checked there is one), skipping
         stale entries, and drop its hash: its K/V are about to be overwritten."""
-        lru, stale = self._lru, self._stale
+        lru, stale, block_hash = self._lru, self._stale, self._block_hash
         b = lru.popleft()
         while stale[b]:  # an entry a hit made stale earlier: skip it
             stale[b] -= 1
             self._num_stale -= 1
             b = lru.popleft()
-        h = self._block_hash[b]
-        if self._table.get(h) == b:
-            del self._table[h]
-        self._block_hash[b] = None
+        table, h = self._table, block_hash[b]
+        if table.get(h) == b:
+            del table[h]
+        block_hash[b] = None
         self._block_tokens[b] = None
         self.evictions += 1
         return b
@@ -187,36 +184,43 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     # ---- the hash side ---------------------------------------------------------------------
     def match(self, token_ids: list[int], block_size: int, max_hits: int
-              ) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
+              ) -> tuple[list[int], list[int], list[tuple[int, ...]], list[int]]:
         """For every full block of ``token_ids``: its chain hash and its token tuple; and the
-        cached blocks of the longest verified run from the start (at most ``max_hits``).
+        cached blocks of the longest verified run from the start (at most ``max_hits``), with
+        their serials (for ``register_run``).
         Nothing is changed. This loop runs for every block of every prompt, so it is written
         with local names; the test is the one in the module docstring."""
         hash_fn, get = self.hash_fn, self._table.get
         tokens_of, parent_of, serial = self._block_tokens, self._block_parent, self._serial
-        inline = hash_fn is default_block_hash  # the same hash, minus a Python call per block
-        bs, n_full = block_size, len(token_ids) // block_size
-        whole = tuple(token_ids)  # one copy; slicing a tuple makes each chunk directly
-        chunks = [whole[j:j + bs] for j in range(0, n_full * bs, bs)]
-        hits: list[int] = []
+        # The full blocks' token tuples, the partial tail left out: zip takes BS items at a time
+        # from one shared iterator and stops when a tuple cannot be completed (the "grouper"
+        # recipe of the itertools docs; one C loop instead of a slice per block).
+        chunks = list(zip(*[iter(token_ids)] * block_size))
+        # Every full block needs its chain hash anyway (to be cached later), so compute them
+        # all in one tight loop first, then look them up.
         hashes: list[int] = []
-        parent, parent_serial = ROOT_HASH, ROOT_SERIAL
-        i, limit = 0, min(max_hits, n_full)
-        while i < limit:  # phase 1: an unbroken run of verified hits
-            chunk = chunks[i]
-            parent = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
-            hashes.append(parent)
-            i += 1
-            block = get(parent)
+        parent = ROOT_HASH
+        if hash_fn is default_block_hash:  # the same hash, minus a Python call per block
+            for chunk in chunks:
+                parent = hash((parent, chunk))
+                hashes.append(parent)
+        else:
+            for chunk in chunks:
+                parent = hash_fn(parent, chunk)
+                hashes.append(parent)
+        hits: list[int] = []
+        serials: list[int] = []  # per hit: the serial standing for the prefix through it
+        parent_serial = ROOT_SERIAL
+        # The unbroken run of verified hits; ``map(get, ...)`` is lazy, so the lookups stop
+        # at the first miss.
+        for block, chunk in zip(map(get, hashes[:max_hits]), chunks):
             if (block is None or tokens_of[block] != chunk
                     or parent_of[block] != parent_serial):
                 break
             hits.append(block)
             parent_serial = serial[block]
-        for chunk in chunks[i:]:  # phase 2: the chain hashes of the remaining full blocks
-            parent = hash((parent, chunk)) if inline else hash_fn(parent, chunk)
-            hashes.append(parent)
-        return hits, hashes, chunks
+            serials.append(parent_serial)
+        return hits, hashes, chunks, serials
 
     def register_block(self, block: int, h: int, parent_serial: int,
                        token_ids: tuple[int, ...]) -> int:
@@ -240,13 +244,36 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             return self._serial[other]  # the same prefix, computed twice: keep the first
         return BROKEN
 
+    def register_next(self, block: int, hashes: list[int], serials: list[int],
+                      token_ids: tuple[int, ...]) -> None:
+        """A sequence's last block ``block`` just became full with ``token_ids``: append its
+        chain hash to the sequence's ``hashes`` and the serial standing for its prefix to
+        ``serials`` (``register_block``, common case inlined: this runs every BS appends)."""
+        parent = hashes[-1] if hashes else ROOT_HASH
+        h = (hash((parent, token_ids)) if self.hash_fn is default_block_hash
+             else self.hash_fn(parent, token_ids))
+        hashes.append(h)
+        parent_serial = serials[-1] if serials else ROOT_SERIAL
+        table, block_hash = self._table, self._block_hash
+        if parent_serial != BROKEN and h not in table and block_hash[block] is None:
+            table[h] = block
+            block_hash[block] = h
+            self._block_parent[block] = parent_serial
+            self._block_tokens[block] = token_ids
+            serials.append(self._serial[block])
+        else:
+            serials.append(self.register_block(block, h, parent_serial, token_ids))
+
     def register_run(self, blocks: list[int], hashes: list[int],
-                     chunks: list[tuple[int, ...]], start: int) -> list[int]:
+                     chunks: list[tuple[int, ...]], start: int,
+                     hit_serials: list[int] | None = None) -> list[int]:
         """``register_block`` for blocks[i], i >= start, chained; returns the serial standing
-        for each prefix 0..i (the first ``start`` are hits: their own serials)."""
+        for each prefix 0..i (the first ``start`` are hits: their own serials, which the
+        caller may pass in as ``hit_serials`` when ``match`` already read them)."""
         serial, table, block_hash = self._serial, self._table, self._block_hash
         parent_of, tokens_of = self._block_parent, self._block_tokens
-        serials = [serial[b] for b in blocks[:start]]
+        serials = (hit_serials if hit_serials is not None
+                   else [serial[b] for b in blocks[:start]])
         parent = serials[-1] if serials else ROOT_SERIAL
         for i in range(start, len(hashes)):
             h, b = hashes[i], blocks[i]

@@ -246,10 +246,12 @@ class Scheduler:
             # then new prompts, all within one token budget.
             budget -= self._schedule_running(out)
             budget = self._schedule_prefill_chunks(out, budget)
+            # A step that had to preempt admits nothing: memory is short, and the victim (its
+            # blocks now free, or cached) would otherwise be re-admitted in the same step.
             if not out.preempted:
                 budget -= self._schedule_swapped(out)
-            if not self.swapped:
-                self._schedule_admissions(out, budget)
+                if not self.swapped:
+                    self._schedule_admissions(out, budget)
         else:
             # vLLM v0's default: a step is either all prefills or all decodes; new prompts win,
             # unless a group is swapped out (it comes back before anything new is admitted).

@@ -44,3 +44,19 @@ def test_baseline_prefix_hits_match():
         if r % 3 == 0:
             ours.free(r)
             plain.free(r)
+
+
+def test_interleaved_compare_does_the_same_work_as_whole_replays():
+    """``compare`` alternates the managers chunk by chunk; chunking must not change the work:
+    every operation count equals that of an uninterrupted replay, for both managers, and there
+    is one ratio per chunk in which both did something."""
+    from minipaged.bench.allocator import compare
+
+    trace = make_trace(40, seed=5)
+    for prefix in (False, True):
+        whole = replay(KVCacheManager(256, 16, enable_prefix_caching=prefix), trace, prefix)
+        totals, ratios = compare(trace, 256, 16, prefix, repeats=2, steps_per_chunk=3)
+        for name in ("minipaged", "plain"):
+            assert {op: v[1] for op, v in totals[name].items()} == {
+                op: 2 * v[1] for op, v in whole.items()}
+        assert ratios and all(r > 0 for r in ratios)
