@@ -14,6 +14,7 @@ The course map (read the modules in this order; each one's docstring says what c
     prefix_cache.py     prefix caching: hash chains of full blocks and an LRU free queue
     swap.py             the CPU block pool: swapping a sequence group out and back in
     memory_policy.py    the scheduler's view of memory: paged blocks or Orca-style regions
+    sequence.py         sequences and sequence groups: the units the scheduler moves
     scheduler.py        continuous batching: FCFS admission, preemption by swap or recompute
     sim/                workloads, memory presets, a cost model, the simulator, the experiments
     factcheck.py        the seed interview answer's claims, each one measured

@@ -17,7 +17,7 @@ The scheduler knows nothing of GPUs or cost models. ``schedule()`` returns a ``S
 groups); an *executor* runs it (the simulator's cost model, or a real model) and returns a
 ``StepResult`` (how long it took, the sampled tokens); ``update()`` applies the result. Memory
 comes through a ``memory_policy.MemoryPolicy``: paged blocks or an Orca-style contiguous cache.
-Read before: ``memory_policy.py``. Read next: ``sim/simulator.py``.
+Read before: ``memory_policy.py``, ``sequence.py``. Read next: ``sim/simulator.py``.
 
 Vocabulary. A *sequence* is one token stream; a *sequence group* is one request (n parallel
 samples or k beams are n or k sequences sharing the prompt). A sequence's ``token_ids`` are the
@@ -40,77 +40,18 @@ from dataclasses import dataclass, field
 
 from minipaged.memory_policy import MemoryPolicy
 
-WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", \
-    "rejected"
-
-
-def _order(g: SequenceGroup) -> int:
-    return g.order
-
-
-class Sequence:
-    """One token stream of a request. ``prefilling``: its K/V are not all computed yet."""
-
-    __slots__ = ("seq_id", "group", "token_ids", "num_computed", "prefilling", "stop_len")
-
-    def __init__(self, seq_id: int, group: SequenceGroup, token_ids: list[int]) -> None:
-        self.seq_id = seq_id
-        self.group = group
-        self.token_ids = token_ids
-        self.stop_len = group.prompt_len + group.output_len  # finished at this many tokens
-        self.num_computed = 0
-        self.prefilling = True
-
-    def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, len={len(self.token_ids)}, "
-                f"computed={self.num_computed}, prefilling={self.prefilling})")
-
-
-class SequenceGroup:
-    """One request: its sequences (1, n samples or k beams) and its timeline."""
-
-    __slots__ = ("request_id", "order", "arrival_s", "prompt_len", "output_len", "n",
-                 "beam_width", "seqs", "status", "first_token_s", "finish_s", "num_preemptions",
-                 "outputs")
-
-    def __init__(self, request_id, order: int, arrival_s: float, prompt_len: int,
-                 output_len: int, n: int, beam_width: int) -> None:
-        self.request_id, self.order, self.arrival_s = request_id, order, arrival_s
-        self.prompt_len, self.output_len = prompt_len, output_len
-        self.n, self.beam_width = n, beam_width
-        self.seqs: list[Sequence] = []
-        self.status = WAITING
-        self.first_token_s: float | None = None
-        self.finish_s: float | None = None
-        self.num_preemptions = 0
-        self.outputs: list[list[int]] = []  # token streams of finished sequences
-
-    @property
-    def width(self) -> int:
-        """Sequences the group will run at once (the admission check counts them all)."""
-        return max(self.n, self.beam_width)
-
-    @property
-    def final_len(self) -> int:
-        """Tokens with K/V when the request finishes: the last sampled token is never computed."""
-        return self.prompt_len + self.output_len - 1
-
-    def __repr__(self) -> str:
-        return (f"SequenceGroup(request_id={self.request_id!r}, status={self.status}, "
-                f"seqs={len(self.seqs)})")
-
-
-class PrefillChunk:
-    """Compute K/V of ``seq.token_ids[start:end]`` this step (the whole rest of the prompt, or a
-    chunk of it); the model samples only when ``end`` reaches the end of the sequence."""
-
-    __slots__ = ("seq", "start", "end")
-
-    def __init__(self, seq: Sequence, start: int, end: int) -> None:
-        self.seq, self.start, self.end = seq, start, end
-
-    def __repr__(self) -> str:
-        return f"PrefillChunk(seq={self.seq.seq_id}, [{self.start}, {self.end}))"
+# Re-exported: the engine, the simulator and the tests import these names from here too.
+from minipaged.sequence import (  # noqa: F401
+    FINISHED,
+    REJECTED,
+    RUNNING,
+    SWAPPED,
+    WAITING,
+    PrefillChunk,
+    Sequence,
+    SequenceGroup,
+    _order,
+)
 
 
 @dataclass
