@@ -31,6 +31,7 @@ sequences, so parallel sampling and beam search run with the paged policy only.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from minipaged.block_allocator import OutOfBlocksError
@@ -42,32 +43,33 @@ from minipaged.usage import KVUsage
 SeqId = Hashable
 
 
-class MemoryPolicy:
+class MemoryPolicy(ABC):
     """Base class: the scheduler's view of a KV cache. See the module docstring."""
 
     name = "abstract"
     supports_swap = False
     supports_sharing = False
     oom_error: type[Exception] = OutOfBlocksError
+    # Hot-path methods, called once per token or per sequence: a subclass may bind them to
+    # its manager's own methods in __init__ (no extra call layer), so they are declared here
+    # as attributes rather than abstract methods.
     append_slot: Callable[[SeqId, int], object]
+    can_append: Callable[[list[SeqId]], bool]
+    free: Callable[[SeqId], None]
 
+    @abstractmethod
     def fits_ever(self, lens: list[int], final_len: int) -> bool:
         """Could these sequences fit in an empty cache? (False: reject, never admit.)"""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def admit(self, seq_ids: list[SeqId], token_ids: list[list[int]],
               final_len: int) -> list[int] | None:
-        raise NotImplementedError
-
-    def can_append(self, seq_ids: list[SeqId]) -> bool:
-        raise NotImplementedError
+        ...
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
         raise ValueError(f"the {self.name} policy cannot share memory between sequences "
                          f"(parallel sampling and beam search need --policy paged)")
-
-    def free(self, seq_id: SeqId) -> None:
-        raise NotImplementedError
 
     def take_copies(self) -> list[tuple[int, int]]:
         return []
@@ -84,16 +86,19 @@ class MemoryPolicy:
     def swap_in(self, seq_ids: list[SeqId]) -> list[tuple[int, int]]:
         raise ValueError(f"the {self.name} policy cannot swap")
 
+    @abstractmethod
     def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def blocks_in_use(self) -> int:
         """Physical blocks (paged) or slots (contiguous) held now."""
-        raise NotImplementedError
+        ...
 
     @property
+    @abstractmethod
     def total_slots(self) -> int:
-        raise NotImplementedError
+        ...
 
 
 class PagedPolicy(MemoryPolicy):
