@@ -36,7 +36,7 @@ def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
             raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape {c.shape}")
     if key_cache.shape != value_cache.shape:
         raise ValueError(f"{names[0]}.shape={key_cache.shape} != "
-                         f"{names[1]}.shape={value_cache.shape}")
+                         f"{names[1]}.shape={value_cache.shape}; expected both [NB, Hkv, BS, D]")
     if key_cache.dtype != value_cache.dtype:
         raise TypeError(f"{names[0]}.dtype={key_cache.dtype} != "
                         f"{names[1]}.dtype={value_cache.dtype}")

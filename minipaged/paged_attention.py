@@ -53,6 +53,7 @@ from minipaged.attention import (
     plain_softmax,
     row_limits,
 )
+from minipaged.cache_ops import check_caches
 
 METHODS = ("gather", "online")
 
@@ -71,21 +72,14 @@ def _as_int_array(name: str, x: object, ndim: int) -> np.ndarray:
 
 
 def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
+    # Type, rank, matching shapes and dtypes: the same checks as every cache op. Attention
+    # adds what its arithmetic needs: a float dtype it supports and the one C-contiguous layout.
+    check_caches(key_cache, value_cache)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if not isinstance(c, np.ndarray):
-            raise TypeError(f"{name} must be a numpy array, got {type(c).__name__}")
-        if c.ndim != 4:
-            raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape {c.shape}")
         check_dtype(name, c.dtype)
         if not c.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (the one cache layout "
                              "[NB, Hkv, BS, D]); got a strided view")
-    if key_cache.shape != value_cache.shape:
-        raise ValueError(f"key_cache.shape={key_cache.shape} != value_cache.shape="
-                         f"{value_cache.shape}; expected both [NB, Hkv, BS, D]")
-    if key_cache.dtype != value_cache.dtype:
-        raise TypeError(f"key_cache.dtype={key_cache.dtype} != value_cache.dtype="
-                        f"{value_cache.dtype}")
     NB, Hkv, BS, D = key_cache.shape
     if min(NB, Hkv, BS, D) < 1:
         raise ValueError(f"key_cache.shape={key_cache.shape} has an empty dimension")
