@@ -40,6 +40,17 @@ class _SharingScene(Scene):
     def managers(self) -> dict[str, object]:
         return {"pool": self.manager}
 
+    def _start(self) -> tuple[np.random.Generator, object, list[int]]:
+        """A fresh pool with K/V storage, and a seeded prompt of 5-7 tokens to share."""
+        from minipaged.kv_cache import KVCacheManager
+
+        rng = np.random.default_rng(self.seed)
+        self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
+        self.kv = PagedKV(m, rng)
+        self.labels = Labels()
+        prompt = [int(t) for t in rng.integers(0, len(VOCAB), int(rng.integers(5, 8)))]
+        return rng, m, prompt
+
     def _savings(self, seq_ids) -> str:
         from minipaged.sharing import blocks_with_sharing, blocks_without_sharing
 
@@ -70,14 +81,9 @@ class ForkScene(_SharingScene):
     summary = "three samples of one prompt share its blocks; copy-on-write on append"
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.kv_cache import KVCacheManager
         from minipaged.sharing import append_group, free_group, start_parallel_sampling
 
-        rng = np.random.default_rng(self.seed)
-        self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
-        self.kv = PagedKV(m, rng)
-        self.labels = Labels()
-        prompt = [int(t) for t in rng.integers(0, len(VOCAB), int(rng.integers(5, 8)))]
+        rng, m, prompt = self._start()
         group, _ = start_parallel_sampling(m, "request", prompt, 1)
         first = group.seq_ids[0]
         self.kv.write(first, 0)
@@ -141,14 +147,9 @@ class BeamScene(_SharingScene):
     summary = "beam search of width 3: survivors forked, dropped beams freed"
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.kv_cache import KVCacheManager
         from minipaged.sharing import BeamSearch, Candidate
 
-        rng = np.random.default_rng(self.seed)
-        self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
-        self.kv = PagedKV(m, rng)
-        self.labels = Labels()
-        prompt = [int(t) for t in rng.integers(0, len(VOCAB), int(rng.integers(5, 8)))]
+        rng, m, prompt = self._start()
         beam = BeamSearch(m, "query", prompt, width=3)
         self.kv.write(beam.beams[0], 0)
         yield self._frame(0, f"Beam search of width 3 starts from one beam: the {len(prompt)}-"
