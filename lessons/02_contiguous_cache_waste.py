@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from minipaged import ContiguousKVCache
-from minipaged.contiguous import OutOfMemoryError
-from minipaged.usage import CATEGORIES, KVUsage
+from minipaged.contiguous.cache import OutOfMemoryError
+from minipaged.contiguous.usage import CATEGORIES, KVUsage
 
 console = Console()
 GLYPH = {"token": "#", "reserved": "+", "internal_fragmentation": "-",

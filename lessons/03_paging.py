@@ -25,7 +25,7 @@ from rich.table import Table
 
 from minipaged import KVCacheManager, OutOfBlocksError, reshape_and_cache
 from minipaged.attention import dense_attention
-from minipaged.paged_attention import paged_attention
+from minipaged.paged.paged_attention import paged_attention
 
 console = Console()
 BS, NB = 4, 12  # tiny on purpose, so that every block fits on the screen

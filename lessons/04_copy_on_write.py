@@ -22,8 +22,8 @@ from rich.table import Table
 
 from minipaged import KVCacheManager, copy_blocks, reshape_and_cache
 from minipaged.attention import dense_attention
-from minipaged.paged_attention import paged_attention
-from minipaged.sharing import (
+from minipaged.paged.paged_attention import paged_attention
+from minipaged.sharing.sampling import (
     BeamSearch,
     Candidate,
     append_group,

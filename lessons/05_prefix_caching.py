@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from minipaged import KVCacheManager, reshape_and_cache
-from minipaged.paged_attention import paged_attention
-from minipaged.sharing import append_group, free_group, start_parallel_sampling
+from minipaged.paged.paged_attention import paged_attention
+from minipaged.sharing.sampling import append_group, free_group, start_parallel_sampling
 
 console = Console()
 BS = 16

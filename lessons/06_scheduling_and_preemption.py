@@ -18,8 +18,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from minipaged.memory_policy import make_policy
-from minipaged.scheduler import Scheduler, SchedulerConfig
+from minipaged.serving.memory_policy import make_policy
+from minipaged.serving.scheduler import Scheduler, SchedulerConfig
 from minipaged.sim import experiments
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import preset

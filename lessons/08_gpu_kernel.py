@@ -31,7 +31,7 @@ from rich.table import Table
 
 from minipaged.cuda import KernelError, cpu_build
 from minipaged.cuda import paged_attention as kernel_attention
-from minipaged.paged_attention import paged_attention as numpy_attention
+from minipaged.paged.paged_attention import paged_attention as numpy_attention
 
 console = Console()
 rng = np.random.default_rng(0)

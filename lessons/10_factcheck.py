@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from minipaged import factcheck
-from minipaged.kv_cache import KVCacheManager
+from minipaged.kit import factcheck
+from minipaged.paged.block_manager import KVCacheManager
 
 console = Console()
 

@@ -30,13 +30,13 @@ NB physical blocks, BS block size, MB max blocks per sequence, T tokens.
 from __future__ import annotations
 
 from minipaged.attention import dense_attention
-from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
-from minipaged.buddy import BuddyAllocator
-from minipaged.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
-from minipaged.contiguous import ContiguousKVCache
-from minipaged.kv_cache import KVCacheManager
-from minipaged.paged_attention import paged_attention, paged_prefill_attention
-from minipaged.usage import KVUsage
+from minipaged.contiguous.buddy import BuddyAllocator
+from minipaged.contiguous.cache import ContiguousKVCache
+from minipaged.contiguous.usage import KVUsage
+from minipaged.paged.block_allocator import BlockAllocator, OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
+from minipaged.paged.paged_attention import paged_attention, paged_prefill_attention
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from minipaged.cli import main
+from minipaged.kit.cli import main
 
 sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minipaged.block_allocator import BlockAllocator, OutOfBlocksError
+from minipaged.paged.block_allocator import BlockAllocator, OutOfBlocksError
 
 
 def test_fresh_allocator_hands_out_every_block_once():
@@ -71,7 +71,7 @@ def test_bad_num_blocks(bad, exc, words):
 def test_bad_block_ids_and_double_free():
     a = BlockAllocator(4)
     b = a.allocate()
-    with pytest.raises(ValueError, match=r"block=7 is out of range \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"block=7 is out of range: expected in \[0, 4\)"):
         a.free(7)
     with pytest.raises(ValueError, match="block=-1"):
         a.ref_count(-1)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from minipaged.bench.allocator import PlainBlockManager, make_trace, replay
-from minipaged.cli import main
-from minipaged.kv_cache import KVCacheManager
+from minipaged.kit.bench.allocator import PlainBlockManager, make_trace, replay
+from minipaged.kit.cli import main
+from minipaged.paged.block_manager import KVCacheManager
 
 
 def test_cli_quick_runs_and_prints_both_modes(capsys):
@@ -50,7 +50,7 @@ def test_interleaved_compare_does_the_same_work_as_whole_replays():
     """``compare`` alternates the managers chunk by chunk; chunking must not change the work:
     every operation count equals that of an uninterrupted replay, for both managers, and there
     is one ratio per chunk in which both did something."""
-    from minipaged.bench.allocator import compare
+    from minipaged.kit.bench.allocator import compare
 
     trace = make_trace(40, seed=5)
     for prefix in (False, True):

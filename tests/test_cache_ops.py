@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged.cache_ops import (
+from minipaged.paged.cache_ops import (
     copy_blocks,
     reshape_and_cache,
     reshape_and_cache_loop,

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minipaged import ContiguousKVCache
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.buddy import next_pow2
-from minipaged.contiguous import OutOfMemoryError
-from minipaged.usage import CATEGORIES, KVUsage
+from minipaged.contiguous.buddy import next_pow2
+from minipaged.contiguous.cache import OutOfMemoryError
+from minipaged.contiguous.usage import CATEGORIES, KVUsage
+from minipaged.paged.block_allocator import OutOfBlocksError
 
 HKV, D = 2, 4
 
@@ -156,9 +156,9 @@ def test_reserve_duplicate_seq_id(cache):
 
 
 @pytest.mark.parametrize("prompt_len, final_len, match", [
-    (5, 4, r"prompt_len=5 is out of range: expected in \[1, 4\]"),
+    (5, 4, r"prompt_len=5 is out of range: expected in \[1, 5\)"),
     (0, 4, "prompt_len=0"),
-    (1, 65, r"final_len=65 is out of range: expected in \[1, 64\]"),
+    (1, 65, r"final_len=65 is out of range: expected in \[1, 65\)"),
     (1, 0, "final_len=0"),
 ])
 def test_reserve_bad_lengths(cache, prompt_len, final_len, match):
@@ -169,7 +169,7 @@ def test_reserve_bad_lengths(cache, prompt_len, final_len, match):
 
 
 def test_reserve_non_int_length(cache):
-    with pytest.raises(TypeError, match="final_len must be an int"):
+    with pytest.raises(TypeError, match=r"final_len=.* must be an integer"):
         cache.reserve("b", 1, 3.0)
 
 

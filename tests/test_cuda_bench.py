@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from capabilities import have
 
-from minipaged.cli import main
+from minipaged.kit.cli import main
 
 
 @pytest.mark.requires("cuda-cpu")

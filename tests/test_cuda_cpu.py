@@ -6,7 +6,7 @@ Proofs, as in issue 5:
 - oracle: every dtype x head size x block size x GQA ratio x ragged lengths up to several
   thousand agrees with a float64 reference within the bound in test_cuda_cases.tolerance, and with
   the package's NumPy paged_attention when it exists;
-- reshape_and_cache and copy_blocks equal minipaged.cache_ops exactly;
+- reshape_and_cache and copy_blocks equal minipaged.paged.cache_ops exactly;
 - the software __half equals NumPy's float16 conversions exactly;
 - bad inputs are rejected before any launch, with messages naming the argument.
 """
@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_cuda_cases import make_case, place, reference, tolerance
 
-from minipaged import cache_ops
 from minipaged.cuda import cpu_build
 from minipaged.cuda import launch as cuda
 from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+from minipaged.paged import cache_ops
 
 pytestmark = pytest.mark.requires("cuda-cpu")
 
@@ -42,10 +42,10 @@ def library():
 
 def _numpy_oracle():
     """The package's NumPy paged_attention, once that module provides it."""
-    if importlib.util.find_spec("minipaged.paged_attention") is None:
+    if importlib.util.find_spec("minipaged.paged.paged_attention") is None:
         return None
     try:
-        from minipaged.paged_attention import paged_attention
+        from minipaged.paged.paged_attention import paged_attention
     except ImportError:
         return None
     return paged_attention
@@ -145,7 +145,7 @@ def test_scale_is_applied():
 
 
 # ----------------------------------------------------------------------------------------------
-# The cache kernels: exact against minipaged.cache_ops
+# The cache kernels: exact against minipaged.paged.cache_ops
 
 
 @settings(max_examples=15)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from minipaged.cli import main
-from minipaged.demo import tour
-from minipaged.viz.scenes import SCENES
+from minipaged.kit.cli import main
+from minipaged.kit.demo import tour
+from minipaged.kit.viz.scenes import SCENES
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("MINIPAGED_UPDATE_SNAPSHOTS") == "1"

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from minipaged.usage import CATEGORIES
-from minipaged.viz.scenes import SCENES
-from minipaged.viz.state import ArenaView, PoolView, count_categories
+from minipaged.contiguous.usage import CATEGORIES
+from minipaged.kit.viz.scenes import SCENES
+from minipaged.kit.viz.state import ArenaView, PoolView, count_categories
 
 READY = [cls for cls in SCENES if cls.missing() is None]
 
@@ -86,7 +86,7 @@ def _model_frames(seed: int):
 
     from rich.console import Console
 
-    from minipaged.viz.scenes.model import ModelScene
+    from minipaged.kit.viz.scenes.model import ModelScene
 
     scene = ModelScene(seed=seed, width=100)
     for frame in scene.frames():
@@ -98,8 +98,8 @@ def _model_frames(seed: int):
 @pytest.mark.requires("torch")
 @pytest.mark.parametrize("seed", [0, 5])
 def test_model_scene_shows_the_engine_tokens_sharing_and_copies(seed):
+    from minipaged.kit.viz.scenes import model as scene_mod
     from minipaged.model import LLM, SamplingParams
-    from minipaged.viz.scenes import model as scene_mod
 
     texts = scene_mod.token_texts()
     bs = scene_mod.BLOCK_SIZE
@@ -146,7 +146,7 @@ def test_model_scene_shows_the_engine_tokens_sharing_and_copies(seed):
 def test_model_scene_closed_early_unwinds_the_engine():
     import threading
 
-    from minipaged.viz.scenes.model import ModelScene
+    from minipaged.kit.viz.scenes.model import ModelScene
 
     scene = ModelScene(seed=1, width=100)
     frames = scene.frames()
@@ -160,8 +160,8 @@ def test_model_scene_closed_early_unwinds_the_engine():
 def test_model_scene_without_torch_is_skipped_with_the_reason(monkeypatch):
     import importlib.util
 
-    from minipaged.demo import tour
-    from minipaged.viz.scenes.model import ModelScene
+    from minipaged.kit.demo import tour
+    from minipaged.kit.viz.scenes.model import ModelScene
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

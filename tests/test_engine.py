@@ -232,7 +232,7 @@ def test_reference_dense_and_torch_attention_agree(model, reference):
 
 
 def test_generate_cli_prints_one_line_per_prompt_same_as_reference(capsys):
-    from minipaged.cli import main
+    from minipaged.kit.cli import main
 
     prompts = ["count down from 9:", "Hi\nthere", "count down from 44:"]
     assert main(["generate", *prompts, "--max-tokens", "30", "--block-size", "4",
@@ -313,7 +313,7 @@ def test_cupy_backend_without_a_gpu_is_a_clear_error(model, capsys):
     say so and point to the CPU backends, before any memory is allocated."""
     import torch
 
-    from minipaged.cli import main
+    from minipaged.kit.cli import main
     from minipaged.model.engine import LLM
     from minipaged.model.runner import BackendUnavailableError
 
@@ -413,7 +413,7 @@ def test_cupy_backend_on_a_gpu_matches_the_reference(model, reference):
 def test_bench_generate_runs_small_and_rejects_bad_sizes(capsys):
     """The benchmark's own check (both generators produce the same number of tokens) runs
     inside it; here it must finish and print both rows and the ratio (no timing asserted)."""
-    from minipaged.cli import main
+    from minipaged.kit.cli import main
 
     assert main(["bench", "generate", "--requests", "3", "--max-tokens", "4",
                  "--repeats", "1", "--block-size", "4"]) == 0

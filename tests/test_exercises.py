@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from minipaged.grader import all_exercises, grade, resolve
-from minipaged.grader.report import print_report
+from minipaged.kit.grader import all_exercises, grade, resolve
+from minipaged.kit.grader.report import print_report
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = all_exercises()

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from minipaged import factcheck as fc
-from minipaged.cli import main
+from minipaged.kit import factcheck as fc
+from minipaged.kit.cli import main
 
 CHEAP = [fc.c_refcap, fc.c_block_table_32k, fc.c_128k, fc.c_33_tokens, fc.c_cow, fc.c_int32,
          fc.c_flash, fc.c_trtllm,

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.kv_cache import KVCacheManager
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
 
 
 def test_tables_grow_one_block_at_a_time():
@@ -102,9 +102,9 @@ def test_bad_inputs():
         m.append_slot("zz", 1)
     with pytest.raises(KeyError, match="seq_id='zz'"):
         m.free("zz")
-    with pytest.raises(ValueError, match=r"end=5 is out of range \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"end=5 is out of range: expected in \[0, 4\)"):
         m.slot_mapping("a", 0, 5)
-    with pytest.raises(ValueError, match=r"end=1 is out of range \[2, 4\)"):
+    with pytest.raises(ValueError, match=r"end=1 is out of range: expected in \[2, 4\)"):
         m.slot_mapping("a", 2, 1)
     with pytest.raises(ValueError, match="num_tokens=0"):
         m.can_allocate(0)

@@ -30,9 +30,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.cache_ops import reshape_and_cache
-from minipaged.kv_cache import KVCacheManager
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.cache_ops import reshape_and_cache
 
 
 def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, table: list[int],

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.attention import dense_attention
-from minipaged.paged_attention import gather_kv, paged_attention, paged_prefill_attention
+from minipaged.paged.paged_attention import gather_kv, paged_attention, paged_prefill_attention
 
 DTYPES = (np.float16, np.float32, np.float64)
 
@@ -301,9 +301,9 @@ def test_empty_batch():
 def test_gather_in_head_chunks_changes_nothing(sc, chunk_bytes, monkeypatch):
     """The gather path fetches a few KV heads at a time (one at a time for long contexts);
     the chunking is invisible in the output, whatever its size."""
-    # importlib, not "import minipaged.paged_attention as pa": the package exports a function
+    # importlib, not "import minipaged.paged.paged_attention as pa": the package exports a function
     # of the same name, which that form would return instead of the module.
-    pa = importlib.import_module("minipaged.paged_attention")
+    pa = importlib.import_module("minipaged.paged.paged_attention")
     q = decode_queries(sc)
     qp, qlens = prefill_queries(sc, np.random.default_rng(6))
     monkeypatch.setattr(pa, "GATHER_CHUNK_BYTES", chunk_bytes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minipaged.paged_attention import gather_kv, paged_attention, paged_prefill_attention
+from minipaged.paged.paged_attention import gather_kv, paged_attention, paged_prefill_attention
 
 NB, HKV, BS, D, H = 64, 2, 16, 8, 4
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.kv_cache import KVCacheManager
-from minipaged.prefix_cache import BROKEN, ROOT_SERIAL, PrefixCachingBlockAllocator
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.sharing.prefix_cache import BROKEN, ROOT_SERIAL, PrefixCachingBlockAllocator
 
 
 def test_second_request_reuses_full_blocks_and_recomputes_the_last_token():

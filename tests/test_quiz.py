@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from minipaged import drills, glossary, quiz
-from minipaged.drills import DRILLS
-from minipaged.quiz import Context, answer_renderable, run_quiz, select
+from minipaged.kit import drills, glossary, quiz
+from minipaged.kit.drills import DRILLS
+from minipaged.kit.quiz import Context, answer_renderable, run_quiz, select
 
 ROOT = Path(__file__).resolve().parent.parent
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -98,7 +98,7 @@ def test_figures_come_from_the_package(monkeypatch):
     figs = dict(drills._answer_follow_up_1(SMALL).figures)
     assert figs["block table, 128K tokens, BS 16, int32"] == quiz.nbytes(12345 * 4)
 
-    from minipaged import kv_cache
+    from minipaged.paged import block_manager as kv_cache
 
     real = kv_cache.KVCacheManager.ref_count
     monkeypatch.setattr(kv_cache.KVCacheManager, "ref_count",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minipaged.memory_policy import make_policy
-from minipaged.scheduler import Scheduler, SchedulerConfig, StepResult
+from minipaged.serving.memory_policy import make_policy
+from minipaged.serving.scheduler import Scheduler, SchedulerConfig, StepResult
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import preset
 from minipaged.sim.simulator import SimExecutor

@@ -19,8 +19,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minipaged.memory_policy import ContiguousPolicy, PagedPolicy, make_policy
-from minipaged.scheduler import (
+from minipaged.serving.memory_policy import ContiguousPolicy, PagedPolicy, make_policy
+from minipaged.serving.scheduler import (
     FINISHED,
     REJECTED,
     RUNNING,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.cache_ops import copy_blocks, reshape_and_cache
-from minipaged.kv_cache import KVCacheManager
-from minipaged.sharing import (
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.sharing.sampling import (
     BeamSearch,
     Candidate,
     append_group,

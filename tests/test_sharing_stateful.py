@@ -35,11 +35,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_kv_cache_stateful import snapshot
 
 from minipaged.attention import dense_attention
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.cache_ops import copy_blocks, reshape_and_cache
-from minipaged.kv_cache import KVCacheManager
-from minipaged.paged_attention import paged_attention
-from minipaged.swap import CPUBlockPool
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.paged.paged_attention import paged_attention
+from minipaged.serving.swap import CPUBlockPool
 
 HKV, D, H = 2, 4, 4
 STEMS = [(), (1, 2, 3, 1, 2, 3, 1), (1, 2, 3, 1, 2, 0, 0, 2, 2, 1, 0, 3)]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from minipaged.cli import main
+from minipaged.kit.cli import main
 from minipaged.sim import experiments
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import GiB, block_table_bytes, kv_calc, preset

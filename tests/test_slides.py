@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from minipaged import figures, present
+from minipaged.kit import figures, present
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
@@ -55,7 +55,7 @@ def test_deck_shape_and_references(deck):
             assert path.with_suffix(".txt").is_file(), f"{img} has no text twin"
             if path.suffix == ".svg":
                 ET.parse(path)                   # valid XML
-    from minipaged.viz.scenes import SCENES
+    from minipaged.kit.viz.scenes import SCENES
 
     names = {c.name for c in SCENES}
     for s in slides:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minipaged.block_allocator import OutOfBlocksError
-from minipaged.cache_ops import reshape_and_cache
-from minipaged.kv_cache import KVCacheManager
-from minipaged.paged_attention import paged_attention
-from minipaged.swap import CPUBlockPool
+from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.cache_ops import reshape_and_cache
+from minipaged.paged.paged_attention import paged_attention
+from minipaged.serving.swap import CPUBlockPool
 
 
 def filled(m, nb, bs, seqs, seed=0):

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from rich.console import Console
 
-from minipaged.usage import CATEGORIES, KVUsage
-from minipaged.viz.arena import bar_segments, slot_strip, waste_bars
-from minipaged.viz.blocks import block_tables, fill_text, memory_map
-from minipaged.viz.labels import Labels
-from minipaged.viz.palette import CATEGORY_GLYPH, EVENT_TAG, OKABE_ITO, seq_label
-from minipaged.viz.state import count_categories, read_arena, read_pool
-from minipaged.viz.steplog import Event, step_log
+from minipaged.contiguous.usage import CATEGORIES, KVUsage
+from minipaged.kit.viz.arena import bar_segments, slot_strip, waste_bars
+from minipaged.kit.viz.blocks import block_tables, fill_text, memory_map
+from minipaged.kit.viz.labels import Labels
+from minipaged.kit.viz.palette import CATEGORY_GLYPH, EVENT_TAG, OKABE_ITO, seq_label
+from minipaged.kit.viz.state import count_categories, read_arena, read_pool
+from minipaged.kit.viz.steplog import Event, step_log
 
 
 def text_of(renderable, width: int = 100) -> str:
@@ -48,8 +48,8 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "append", "fork", "free"]),
 @settings(max_examples=30)
 @given(ops)
 def test_memory_map_cells_name_owner_and_ref_count(ops):
-    from minipaged.block_allocator import OutOfBlocksError
-    from minipaged.kv_cache import KVCacheManager
+    from minipaged.paged.block_allocator import OutOfBlocksError
+    from minipaged.paged.block_manager import KVCacheManager
 
     m = KVCacheManager(16, 4)
     for op, s, n in ops:
@@ -82,7 +82,7 @@ def test_memory_map_cells_name_owner_and_ref_count(ops):
 
 
 def test_memory_map_shows_cached_blocks_of_the_prefix_cache():
-    from minipaged.kv_cache import KVCacheManager
+    from minipaged.paged.block_manager import KVCacheManager
 
     m = KVCacheManager(8, 2, enable_prefix_caching=True)
     m.allocate("a", [1, 2, 3, 4, 5])
@@ -96,7 +96,7 @@ def test_memory_map_shows_cached_blocks_of_the_prefix_cache():
 
 
 def test_block_tables_show_physical_ids_and_fill():
-    from minipaged.kv_cache import KVCacheManager
+    from minipaged.paged.block_manager import KVCacheManager
 
     m = KVCacheManager(8, 4)
     m.allocate(0, list(range(6)))
@@ -128,7 +128,7 @@ def strip_counts(text: str, labels_seen: set[str]) -> dict[str, int]:
        st.lists(st.tuples(st.integers(1, 8), st.integers(0, 20), st.integers(0, 20),
                           st.booleans()), max_size=10))
 def test_slot_strip_counts_equal_the_caches_usage(policy, reqs):
-    from minipaged.contiguous import ContiguousKVCache
+    from minipaged.contiguous.cache import ContiguousKVCache
 
     cache = ContiguousKVCache(128, 1, 2, policy=policy, max_seq_len=32, store_kv=False)
     for i, (prompt, out, written, release) in enumerate(reqs):

@@ -7,7 +7,7 @@ trust and computes the geometry; then one of two runners launches the same kerne
     backend="cupy"  CuPy arrays or torch CUDA tensors (shared through DLPack, no copy); NVRTC
                     compiles the kernels (cupy_runner.py)
 
-Oracles: minipaged.paged_attention.paged_attention and minipaged.cache_ops (NumPy). Outputs
+Oracles: minipaged.paged.paged_attention and minipaged.paged.cache_ops (NumPy). Outputs
 agree with them within a stated tolerance (different summation order, expf vs np.exp), and
 bit for bit between any two physical placements of the same logical K/V on one backend.
 Read next: lessons/08_gpu_kernel.py.
@@ -83,7 +83,7 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
 
     query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int32 [S, MB] (entries
     past a sequence's length are never read); seq_lens int32 [S]. Same contract as
-    minipaged.paged_attention.paged_attention; ``version`` 1 or 2 (see paged_attention.cu)."""
+    minipaged.paged.paged_attention.paged_attention; ``version`` 1 or 2 (see paged_attention.cu)."""
     if backend == "cupy" and not isinstance(query, np.ndarray):
         from minipaged.cuda import cupy_runner
 
@@ -127,7 +127,7 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
     """Scatter new tokens' K/V [T, Hkv, D] into the caches at slot_mapping [T]; in place.
 
     slot = physical_block * BS + offset; a negative slot is padding and is skipped. Same contract
-    as minipaged.cache_ops.reshape_and_cache; the result is exact (bits are copied)."""
+    as minipaged.paged.cache_ops.reshape_and_cache; the result is exact (bits are copied)."""
     if backend == "cupy" and not isinstance(key_cache, np.ndarray):
         from minipaged.cuda import cupy_runner
 
@@ -159,7 +159,7 @@ def copy_blocks(key_cache: Any, value_cache: Any, block_mapping: Any, *,
     """Copy whole physical blocks src -> dst in both caches, in one launch (copy-on-write).
 
     block_mapping: (src, dst) pairs, a list or an int array [N, 2]. Same contract as
-    minipaged.cache_ops.copy_blocks; exact."""
+    minipaged.paged.cache_ops.copy_blocks; exact."""
     _, hkv, bs, d = (int(x) for x in key_cache.shape)
     numel = hkv * bs * d
     threads = min(CACHE_THREADS, numel)

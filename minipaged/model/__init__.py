@@ -10,7 +10,7 @@ Read in this order:
     train.py       the seeded training script that made checkpoints/count.pt
     sampling.py    SamplingParams, greedy / seeded sampling, beam search steps
     reference.py   the plain generator with a contiguous per-sequence cache: the oracle
-    engine.py      LLM: the paged engine, driven by minipaged.scheduler
+    engine.py      LLM: the paged engine, driven by minipaged.serving.scheduler
 
 torch is imported only by decoder.py, reference.py, engine.py and the training script, never
 by ``import minipaged.model``, so the command line stays usable without torch.

@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minipaged.kv_cache import KVCacheManager
-from minipaged.memory_policy import PagedPolicy
 from minipaged.model.decoder import Decoder
 from minipaged.model.runner import PagedRunner, SeqWork
 from minipaged.model.sampling import (
@@ -50,7 +48,9 @@ from minipaged.model.sampling import (
     sample_token,
 )
 from minipaged.model.tokenizer import CharTokenizer
-from minipaged.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
+from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.memory_policy import PagedPolicy
+from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
 
 PREEMPTION_MODES = ("recompute", "swap")
 

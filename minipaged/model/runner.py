@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minipaged.cache_ops import copy_blocks, reshape_and_cache
 from minipaged.model.decoder import Decoder, scale_for
+from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 
-# "numpy": minipaged.cache_ops and minipaged.paged_attention (the default).
+# "numpy": minipaged.paged.cache_ops and minipaged.paged.paged_attention (the default).
 # "cuda-cpu": the CUDA kernels of minipaged/cuda (reshape_and_cache, copy_blocks and the decode
 #     kernel) run on the CPU under the emulation harness; same K/V arrays, same block tables.
 #     The decode kernel also serves prefill: query row t of a chunk starting at position p is a
@@ -101,7 +101,7 @@ class PagedRunner:
                  attention_method: str = "gather"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        from minipaged.swap import CPUBlockPool
+        from minipaged.serving.swap import CPUBlockPool
 
         self.model, self.backend, self.method = model, backend, attention_method
         c = model.cfg
@@ -109,7 +109,7 @@ class PagedRunner:
         self.dtype = torch.empty((), dtype=torch_dtype).numpy().dtype
         self.device = None            # a torch.device for backend="cupy"; None: host arrays
         if backend == "numpy":
-            from minipaged.paged_attention import paged_attention, paged_prefill_attention
+            from minipaged.paged.paged_attention import paged_attention, paged_prefill_attention
 
             self._decode_attn, self._prefill_attn = paged_attention, paged_prefill_attention
             self._write, self._copy = reshape_and_cache, copy_blocks

@@ -53,7 +53,7 @@ def positive_float(text: str) -> float:
 
 
 def add_sim_args(p: argparse.ArgumentParser) -> None:
-    from minipaged.memory_policy import POLICY_NAMES
+    from minipaged.serving.memory_policy import POLICY_NAMES
     from minipaged.sim.memory import PRESETS
 
     p.add_argument("--workload", default="sharegpt",

@@ -1,8 +1,8 @@
 """The serving simulator: the real scheduler and the real memory managers, a cost model for time.
 
 What this teaches: how the paper's serving results come about. Requests arrive (``workloads``),
-the scheduler (``minipaged.scheduler``) batches them step by step over a real ``KVCacheManager``
-or ``ContiguousKVCache`` (``minipaged.memory_policy``), and instead of running a model, each
+the scheduler (``serving.scheduler``) batches them step by step over a real ``KVCacheManager``
+or ``ContiguousKVCache`` (``minipaged.serving.memory_policy``), and instead of running a model, each
 step's duration comes from a roofline cost model (``cost.py``) and its sampled tokens from a
 deterministic stand-in. Memory decides the batch size, the batch size decides the throughput:
 that is the paper's argument (sections 3 and 6), measured here with the project's own managers.
@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from minipaged.memory_policy import PagedPolicy, make_policy
-from minipaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from minipaged.contiguous.usage import CATEGORIES
+from minipaged.serving.memory_policy import PagedPolicy, make_policy
+from minipaged.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import check_block_size, preset
 from minipaged.sim.workloads import make_workload, prompt_token_ids
-from minipaged.usage import CATEGORIES
 
 VOCAB = 32000
 

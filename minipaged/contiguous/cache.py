@@ -1,0 +1,302 @@
+"""A contiguous KV cache with Orca-style reservations, and where its memory goes.
+
+What this teaches: the problem PagedAttention solves (vLLM paper, section 3 and Fig. 2). Before
+vLLM, a serving system kept each request's K/V in ONE contiguous region, reserved when the request
+is admitted, because attention kernels wanted K/V as one dense [T, Hkv, D] array. The request's
+final length is unknown at admission, so the region is sized by a *policy* (the paper's Orca
+baselines, section 6.1):
+
+    max     reserve max_seq_len slots for every request          (Orca (Max))
+    pow2    reserve the next power of two of the request's final length, at most max_seq_len
+                                                                   (Orca (Pow2))
+    oracle  reserve exactly the final length (needs to know the future)   (Orca (Oracle))
+
+Regions are placed by the buddy allocator of ``buddy.py``. Read that first; read next
+``block_allocator.py`` and ``kv_cache.py``, where the same memory is cut into fixed-size blocks.
+
+Storage. Two arrays, ``key_arena`` and ``value_arena``, each [num_slots, Hkv, D] (C-contiguous):
+slot i holds one token's K (or V) for all KV heads. A request owning region [off, off + n) keeps
+token position t at slot off + t, so ``kv(seq_id)`` is a plain slice [T, Hkv, D] that dense
+attention reads directly: no gather, which is the one thing contiguity buys.
+
+Where every slot goes (``usage()``; the categories of ``usage.py``), for a request with n tokens
+written, final length F, a policy reservation of R slots and H slots held by the allocator
+(H = R when ``exact_fit``, else next_pow2(R)):
+
+    token                    n           K/V of tokens that exist now
+    reserved                 F - n       kept for tokens the request will still produce
+    internal_fragmentation   H - F       held but never used: (R - F) is the policy's
+                                         over-reservation, (H - R) the allocator's rounding
+                                         slack; ``breakdown()`` reports the two separately
+    external_fragmentation   free slots that cannot serve a region of ``need`` slots, because
+                             they lie in free buddy blocks smaller than next_pow2(need) (the block
+                             such a region must be cut from); ``need`` defaults to max_seq_len
+                             slots, a maximum-length request
+    free                     the other free slots
+
+Why ``need``: "free but not allocatable as one region" only means something for a region of a
+given size. A 64-slot hole is waste for a 2048-token reservation and fine for a 40-token one. A
+scheduler passes the reservation its next waiting request needs, ``reservation_size(F)``; under
+load, when that request does not fit, every free slot is then external fragmentation, which is how
+the paper's "external fragmentation & others" bar fills up (Fig. 2). Note that even an empty
+arena shows some external fragmentation when ``num_slots`` is not a multiple of next_pow2(need):
+15,728 slots (OPT-13B on an A100-40GB) = 8192 + 4096 + 2048 + 1392 in smaller blocks, and
+those 1392 slots can never hold a 2048-slot region.
+
+Why ``exact_fit=True`` by default: the paper's Orca (Oracle) has no internal fragmentation and
+holds more tokens than Orca (Pow2), which cannot happen if the allocator rounds every oracle
+reservation up to a power of two (it would then hold the same blocks as pow2). Max and pow2
+reservations are powers of two already (when max_seq_len is one): the choice matters for oracle.
+
+Running totals make ``usage()`` O(log num_slots) and every other call O(log num_slots), so a
+simulator can reserve through this class at every scheduling step. ``store_kv=False`` keeps only
+the accounting (no arena; ``advance`` instead of ``write``) for such simulators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from minipaged._checks import check_int
+from minipaged.contiguous.buddy import BuddyAllocator, OutOfMemoryError, next_pow2
+from minipaged.contiguous.usage import KVUsage
+
+POLICIES = ("max", "pow2", "oracle")
+
+__all__ = ["POLICIES", "ContiguousKVCache", "OutOfMemoryError", "Reservation"]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One live request: its region [offset, offset + held) and lengths (slots)."""
+
+    offset: int
+    prompt_len: int
+    final_len: int  # F: tokens the request will have when it finishes
+    size: int  # R: what the policy reserved
+    held: int  # H: what the allocator holds (>= size)
+    num_tokens: int  # n: tokens whose K/V are in the cache now
+
+
+class _Seq:
+    """The mutable record behind a Reservation (a plain slotted class: ``advance`` runs once per
+    token per step in a simulator, so it must not build a new object each time)."""
+
+    __slots__ = ("offset", "prompt_len", "final_len", "size", "held", "num_tokens")
+
+    def __init__(self, offset: int, prompt_len: int, final_len: int, size: int, held: int):
+        self.offset, self.prompt_len, self.final_len = offset, prompt_len, final_len
+        self.size, self.held, self.num_tokens = size, held, 0
+
+
+class ContiguousKVCache:
+    """Per-request contiguous K/V regions in one arena of ``num_slots`` slots.
+
+    reserve(seq_id, prompt_len, final_len) -> offset    can_reserve(prompt_len, final_len)
+    write(seq_id, key, value)    kv(seq_id) -> (k, v)    advance(seq_id, n)  (store_kv=False)
+    release(seq_id)    usage(need=None) -> KVUsage    breakdown(need=None) -> dict
+    """
+
+    def __init__(self, num_slots: int, num_kv_heads: int, head_size: int, *,
+                 policy: str = "max", max_seq_len: int = 2048, dtype: object = np.float32,
+                 exact_fit: bool = True, store_kv: bool = True) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r} is not one of {POLICIES}")
+        self.allocator = BuddyAllocator(num_slots)
+        self.num_slots = self.allocator.num_slots
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, low=1)
+        self.head_size = check_int("head_size", head_size, low=1)
+        self.max_seq_len = check_int("max_seq_len", max_seq_len, low=1, high=self.num_slots + 1)
+        largest_block = 1 << self.allocator.max_order
+        if next_pow2(self.max_seq_len) > largest_block:
+            raise ValueError(
+                f"num_slots={num_slots} cannot place even one max_seq_len={max_seq_len} request: "
+                f"that needs a buddy block of {next_pow2(self.max_seq_len)} slots and the "
+                f"largest one is {largest_block}; raise num_slots or lower max_seq_len")
+        self.policy, self.exact_fit, self.store_kv = policy, bool(exact_fit), bool(store_kv)
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind != "f":
+            raise TypeError(f"dtype={self.dtype} must be a floating-point dtype")
+        if self.store_kv:  # [num_slots, Hkv, D] each; zeros so a fresh arena is deterministic
+            shape = (self.num_slots, self.num_kv_heads, self.head_size)
+            self.key_arena = np.zeros(shape, self.dtype)
+            self.value_arena = np.zeros(shape, self.dtype)
+        self._seqs: dict[Hashable, _Seq] = {}
+        # Running sums over live requests: n, F, R, H. usage() reads these instead of looping.
+        self._sum_tokens = self._sum_final = self._sum_size = self._sum_held = 0
+
+    # ---- policy -------------------------------------------------------------------------------
+    def reservation_size(self, final_len: int) -> int:
+        """Slots the policy reserves for a request that will end with ``final_len`` tokens."""
+        final_len = check_int("final_len", final_len, low=1, high=self.max_seq_len + 1)
+        if self.policy == "max":
+            return self.max_seq_len
+        if self.policy == "pow2":
+            return min(next_pow2(final_len), self.max_seq_len)
+        return final_len
+
+    def _check_lens(self, prompt_len: int, final_len: int) -> int:
+        final_len = check_int("final_len", final_len, low=1, high=self.max_seq_len + 1)
+        check_int("prompt_len", prompt_len, low=1, high=final_len + 1)
+        return self.reservation_size(final_len)
+
+    def can_reserve(self, prompt_len: int, final_len: int) -> bool:
+        """True when ``reserve`` with these lengths would succeed now."""
+        return self.allocator.can_alloc(self._check_lens(prompt_len, final_len))
+
+    def reserve(self, seq_id: Hashable, prompt_len: int, final_len: int) -> int:
+        """Reserve one contiguous region for a new request; return its offset (first slot).
+
+        Raises OutOfMemoryError (needed slots, largest free region) with the cache unchanged
+        when no free region is large enough, ValueError for a live ``seq_id`` or bad lengths.
+        """
+        size = self._check_lens(prompt_len, final_len)
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id={seq_id!r} already holds a reservation; release it first")
+        try:
+            offset = self.allocator.alloc(size, exact=self.exact_fit)
+        except OutOfMemoryError as e:
+            raise OutOfMemoryError(e.needed, e.largest_free, e.num_free,
+                                   f" reserving seq_id={seq_id!r} (policy {self.policy})") from None
+        held = self.allocator.held(offset)
+        self._seqs[seq_id] = _Seq(offset, prompt_len, final_len, size, held)
+        self._sum_final += final_len
+        self._sum_size += size
+        self._sum_held += held
+        return offset
+
+    # ---- tokens -------------------------------------------------------------------------------
+    def _get(self, seq_id: Hashable) -> _Seq:
+        r = self._seqs.get(seq_id)
+        if r is None:
+            live = list(self._seqs)[:8]
+            raise ValueError(f"unknown seq_id={seq_id!r}: no live reservation (live: {live})")
+        return r
+
+    def _grow(self, seq_id: Hashable, r: _Seq, t: int, verb: str) -> None:
+        if r.num_tokens + t > r.final_len:
+            raise ValueError(
+                f"{verb}(seq_id={seq_id!r}) of {t} tokens would make {r.num_tokens + t} tokens, "
+                f"beyond its final_len={r.final_len} (the length its reservation was made for)")
+        r.num_tokens += t
+        self._sum_tokens += t
+
+    def write(self, seq_id: Hashable, key: np.ndarray, value: np.ndarray) -> None:
+        """Append T tokens' K and V (each [T, Hkv, D], the cache's dtype) after the ones there."""
+        if not self.store_kv:
+            raise ValueError("write() needs store_kv=True; this cache only keeps accounting "
+                             "(use advance(seq_id, num_tokens))")
+        r = self._get(seq_id)
+        want = (self.num_kv_heads, self.head_size)
+        for name, a in (("key", key), ("value", value)):
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+            if a.ndim != 3 or a.shape[1:] != want:
+                raise ValueError(f"{name}.shape={a.shape}, expected [T, Hkv, D] = [T, {want[0]}, "
+                                 f"{want[1]}]")
+            if a.dtype != self.dtype:
+                raise TypeError(f"{name}.dtype={a.dtype} but the cache stores {self.dtype}")
+        if key.shape[0] != value.shape[0]:
+            raise ValueError(f"key has T={key.shape[0]} tokens but value has T={value.shape[0]}")
+        t = key.shape[0]
+        start = r.offset + r.num_tokens  # token position p lives at slot offset + p
+        self._grow(seq_id, r, t, "write")
+        self.key_arena[start:start + t] = key  # [T, Hkv, D]
+        self.value_arena[start:start + t] = value
+
+    def advance(self, seq_id: Hashable, num_tokens: int = 1) -> None:
+        """Accounting only (store_kv=False): the request now has ``num_tokens`` more tokens."""
+        if self.store_kv:
+            raise ValueError("advance() is for store_kv=False caches; this one stores K/V, "
+                             "so add tokens with write(seq_id, key, value)")
+        self._grow(seq_id, self._get(seq_id), check_int("num_tokens", num_tokens, low=0), "advance")
+
+    def kv(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
+        """The request's logical K and V, read-only views [T, Hkv, D] (T tokens written)."""
+        if not self.store_kv:
+            raise ValueError("kv() needs store_kv=True; this cache keeps no K/V")
+        r = self._get(seq_id)
+        k = self.key_arena[r.offset:r.offset + r.num_tokens]  # [T, Hkv, D], a view
+        v = self.value_arena[r.offset:r.offset + r.num_tokens]
+        k.flags.writeable = v.flags.writeable = False  # the views only: the arena stays writable
+        return k, v
+
+    def release(self, seq_id: Hashable) -> None:
+        """The request finished (or was preempted): give its whole region back."""
+        r = self._get(seq_id)
+        self.allocator.free(r.offset)
+        del self._seqs[seq_id]
+        self._sum_tokens -= r.num_tokens
+        self._sum_final -= r.final_len
+        self._sum_size -= r.size
+        self._sum_held -= r.held
+
+    # ---- inspection ---------------------------------------------------------------------------
+    @property
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def reservation(self, seq_id: Hashable) -> Reservation:
+        """A snapshot of the request's region and lengths."""
+        r = self._get(seq_id)
+        return Reservation(r.offset, r.prompt_len, r.final_len, r.size, r.held, r.num_tokens)
+
+    def seq_len(self, seq_id: Hashable) -> int:
+        return self._get(seq_id).num_tokens
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def largest_free(self) -> int:
+        return self.allocator.largest_free()
+
+    def _usable(self, need: int | None) -> int:
+        if need is None:
+            need = self.max_seq_len
+        need = check_int("need", need, low=1, high=self.num_slots + 1)
+        return self.allocator.usable_free(need)  # free slots in blocks >= next_pow2(need)
+
+    def breakdown(self, need: int | None = None) -> dict[str, int]:
+        """Slot counts with internal fragmentation split into the policy's over-reservation
+        (``internal_policy``: R - F) and the allocator's rounding slack (``internal_rounding``:
+        H - R). The six counts add up to num_slots. See the module docstring."""
+        usable = self._usable(need)
+        return {
+            "token": self._sum_tokens,
+            "reserved": self._sum_final - self._sum_tokens,
+            "internal_policy": self._sum_size - self._sum_final,
+            "internal_rounding": self._sum_held - self._sum_size,
+            "external_fragmentation": self.allocator.num_free - usable,
+            "free": usable,
+        }
+
+    def usage(self, need: int | None = None) -> KVUsage:
+        """The paper's categories now, as slot counts (``.fractions()`` for shares), from running
+        totals in O(log num_slots). ``need``: the region size that decides which free slots are
+        external fragmentation (default max_seq_len); pass ``reservation_size(final_len)`` of
+        the next waiting request."""
+        usable = self._usable(need)
+        return KVUsage(total=self.num_slots, token=self._sum_tokens,
+                       reserved=self._sum_final - self._sum_tokens,
+                       internal_fragmentation=self._sum_held - self._sum_final,
+                       external_fragmentation=self.allocator.num_free - usable, free=usable)
+
+    def usage_slow(self, need: int | None = None) -> KVUsage:
+        """Oracle for ``usage``: recount from every reservation and every free block (O(n))."""
+        need = self.max_seq_len if need is None else need
+        rs = list(self._seqs.values())
+        blocks = self.allocator.free_blocks()
+        usable = sum(n for _, n in blocks if n >= next_pow2(need))
+        return KVUsage(total=self.num_slots, token=sum(r.num_tokens for r in rs),
+                       reserved=sum(r.final_len - r.num_tokens for r in rs),
+                       internal_fragmentation=sum(r.held - r.final_len for r in rs),
+                       external_fragmentation=sum(n for _, n in blocks) - usable, free=usable)
+
+    def __repr__(self) -> str:
+        return (f"ContiguousKVCache(num_slots={self.num_slots}, policy={self.policy!r}, "
+                f"max_seq_len={self.max_seq_len}, live={len(self._seqs)}, "
+                f"num_free={self.num_free})")

@@ -1,0 +1,325 @@
+"""``minipaged bench allocator``: block-manager operations per second, against a plain baseline.
+
+A trace of a few thousand requests (shared system prompts + a private suffix, random output
+lengths, some with n = 2 samples) is replayed through a continuous-batching loop: admit requests
+while blocks allow, one decode step appends a token to every running sequence, finished
+requests are freed, and when a step runs out of blocks the newest request is dropped (preempted
+by recomputation, re-queued). Every ``allocate`` / ``append_slot`` / ``fork`` / ``free`` is
+timed, and the same trace runs through two managers side by side:
+
+    minipaged    ``kv_cache.KVCacheManager`` (list free stack, LRU deque with O(1) lazy
+                 removal from the middle, chained hashes verified by token ids and parent)
+    plain        ``PlainBlockManager`` below: the obvious way, in the style of compact engines:
+                 a deque free list, a dict hash -> block, a Block object per block, a cache hit
+                 on a free block removed from the deque by value (O(NB)).
+
+With prefix caching the n samples of a request are n allocations (vLLM v1); without it they
+are a fork (vLLM v0 copy-on-write). The ratio printed is plain time / minipaged time per
+operation type (above 1 means minipaged is faster), from the times summed over every run.
+
+How it stays fair on a busy machine: the two managers do not run one after the other. Each
+replays the trace in short chunks (``--chunk`` scheduling steps), alternating A B B A ..., so a
+burst of load from another process hits both; the caption gives the median and quartiles of
+the per-chunk ratio as a measure of the spread. Both do the same operations (same counts, same
+prefix hits: tests/test_block_bench.py checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+
+import numpy as np
+
+
+class _Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id, self.ref_count, self.hash, self.token_ids = block_id, 0, -1, ()
+
+
+class PlainBlockManager:
+    """The baseline: a straightforward block manager with prefix caching and copy-on-write."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool) -> None:
+        self.bs, self.prefix = block_size, prefix_caching
+        self.blocks = [_Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.tables: dict[object, list[int]] = {}
+        self.tokens: dict[object, list[int]] = {}
+        self.hashes: dict[object, list[int]] = {}
+
+    def _new_block(self) -> int:
+        bid = self.free_ids.popleft()
+        b = self.blocks[bid]
+        if b.hash != -1 and self.hash_to_block.get(b.hash) == bid:
+            del self.hash_to_block[b.hash]
+        b.ref_count, b.hash, b.token_ids = 1, -1, ()
+        return bid
+
+    def _cache(self, bid: int, h: int, toks: tuple) -> None:
+        if self.prefix and h not in self.hash_to_block:
+            b = self.blocks[bid]
+            b.hash, b.token_ids = h, toks
+            self.hash_to_block[h] = bid
+
+    def allocate(self, seq, token_ids) -> int:
+        bs, toks = self.bs, list(token_ids)
+        n_blocks = (len(toks) + bs - 1) // bs
+        hits, hashes, h = [], [], 0
+        for i in range(len(toks) // bs if self.prefix else 0):
+            chunk = tuple(toks[i * bs:(i + 1) * bs])
+            h = hash((h, chunk))
+            hashes.append(h)
+            bid = self.hash_to_block.get(h)
+            if (bid is not None and len(hits) == i and i < (len(toks) - 1) // bs
+                    and self.blocks[bid].token_ids == chunk):
+                hits.append(bid)
+        reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if n_blocks - len(hits) > len(self.free_ids) - reusable:
+            raise MemoryError("out of blocks")
+        table = []
+        for bid in hits:
+            b = self.blocks[bid]
+            if b.ref_count == 0:
+                self.free_ids.remove(bid)  # O(NB): the obvious way
+            b.ref_count += 1
+            table.append(bid)
+        for i in range(len(hits), n_blocks):
+            bid = self._new_block()
+            table.append(bid)
+            if i < len(hashes):
+                self._cache(bid, hashes[i], tuple(toks[i * bs:(i + 1) * bs]))
+        self.tables[seq], self.tokens[seq], self.hashes[seq] = table, toks, hashes
+        return len(hits) * bs
+
+    def append_slot(self, seq, token_id: int) -> int:
+        table, toks, bs = self.tables[seq], self.tokens[seq], self.bs
+        n = len(toks)
+        if n % bs == 0:
+            if not self.free_ids:
+                raise MemoryError("out of blocks")
+            table.append(self._new_block())
+        elif self.blocks[table[-1]].ref_count > 1:  # copy-on-write
+            if not self.free_ids:
+                raise MemoryError("out of blocks")
+            self.blocks[table[-1]].ref_count -= 1
+            table[-1] = self._new_block()
+        toks.append(token_id)
+        if (n + 1) % bs == 0:
+            hashes = self.hashes[seq]
+            h = hash((hashes[-1] if hashes else 0, tuple(toks[-bs:])))
+            hashes.append(h)
+            self._cache(table[-1], h, tuple(toks[-bs:]))
+        return table[-1] * bs + n % bs
+
+    def fork(self, parent, child) -> None:
+        for bid in self.tables[parent]:
+            self.blocks[bid].ref_count += 1
+        self.tables[child] = list(self.tables[parent])
+        self.tokens[child] = list(self.tokens[parent])
+        self.hashes[child] = list(self.hashes[parent])
+
+    def free(self, seq) -> None:
+        for bid in reversed(self.tables.pop(seq)):
+            b = self.blocks[bid]
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                self.free_ids.append(bid)
+        del self.tokens[seq], self.hashes[seq]
+
+
+def make_trace(num_requests: int, seed: int = 0) -> list[tuple[list[int], int, int]]:
+    """(prompt token ids, output length, samples n) per request."""
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(0, 32000, size=int(k)).tolist() for k in (40, 96, 160, 250)]
+    trace = []
+    for _ in range(num_requests):
+        prompt = systems[int(rng.integers(0, 4))] + rng.integers(0, 32000, int(
+            rng.integers(4, 64))).tolist()
+        trace.append((prompt, int(rng.integers(8, 96)), 2 if rng.random() < 0.25 else 1))
+    return trace
+
+
+OPS = ("allocate", "append", "fork", "free")
+_DONE = object()  # next(generator, _DONE): the replay has ended
+
+
+def replay(mgr, trace, prefix: bool, max_running: int = 48) -> dict[str, list[float]]:
+    """Run the whole trace through ``mgr``; returns [seconds, count] per operation type."""
+    stats = {op: [0.0, 0] for op in OPS}
+    for _ in replay_steps(mgr, trace, prefix, stats, max_running):
+        pass
+    return stats
+
+
+def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
+                 max_running: int = 48, steps_per_chunk: int = 1):
+    """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps, adding
+    [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
+    managers in short chunks of the same trace, so that load from other processes falls on
+    both alike instead of on whichever whole run it happened to hit."""
+    from minipaged.paged.block_allocator import OutOfBlocksError
+
+    full = (OutOfBlocksError, MemoryError)
+    pc = time.perf_counter
+    waiting = deque(range(len(trace)))
+    running: dict[int, list] = {}  # request -> [seq ids, tokens left]
+    step = 0
+
+    def timed(op, fn, *args):
+        t0 = pc()
+        out = fn(*args)
+        st = stats[op]
+        st[0] += pc() - t0
+        st[1] += 1
+        return out
+
+    def drop(r):
+        for s in running.pop(r)[0]:
+            timed("free", mgr.free, s)
+
+    while waiting or running:
+        while waiting and len(running) < max_running:
+            r = waiting[0]
+            prompt, out_len, n = trace[r]
+            seqs = []
+            try:
+                for i in range(n):
+                    if i == 0 or prefix:
+                        timed("allocate", mgr.allocate, (r, i), prompt)
+                    else:
+                        timed("fork", mgr.fork, (r, 0), (r, i))
+                    seqs.append((r, i))
+            except full:
+                for s in seqs:
+                    timed("free", mgr.free, s)
+                if not running:
+                    raise SystemExit(f"request {r} does not fit in an empty cache: "
+                                     "raise --num-blocks") from None
+                break
+            waiting.popleft()
+            running[r] = [seqs, out_len]
+        for r in list(running):
+            if r not in running:
+                continue
+            try:
+                for s in running[r][0]:
+                    timed("append", mgr.append_slot, s, (r * 7 + running[r][1]) % 32000)
+            except full:  # preempt the newest request by recomputation
+                newest = max(running)
+                drop(newest)
+                waiting.appendleft(newest)
+                continue
+            running[r][1] -= 1
+            if running[r][1] == 0:
+                drop(r)
+        if hasattr(mgr, "take_copies"):
+            mgr.take_copies()
+        step += 1
+        if step % steps_per_chunk == 0:
+            yield
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("allocator", help="block manager ops/s: minipaged vs a plain manager",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=3000, help="requests in the trace")
+    p.add_argument("--num-blocks", type=int, default=2048, help="GPU blocks (default 2048)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="replays of the whole trace per manager (times are summed)")
+    p.add_argument("--chunk", type=int, default=8,
+                   help="scheduling steps per chunk; the managers alternate chunk by chunk")
+    p.add_argument("--quick", action="store_true", help="300 requests, 1 run: a smoke test")
+    p.set_defaults(func=run)
+
+
+def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
+            steps_per_chunk: int = 8) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+    """Both managers replay the same trace, interleaved chunk by chunk (A B, then B A, so
+    neither always runs first), ``repeats`` times. Returns the summed [seconds, count] per
+    manager and operation, and per chunk the ratio plain time / minipaged time.
+
+    The garbage collector is off while timing (as ``timeit`` does): a collection pause lands
+    on whichever manager happens to cross the allocation threshold, which is noise, not a
+    property of either manager. It runs between repeats."""
+    import gc
+
+    from minipaged.paged.block_manager import KVCacheManager
+
+    totals = {name: {op: [0.0, 0] for op in OPS} for name in ("minipaged", "plain")}
+    chunk_ratios: list[float] = []
+    gc_was_on = gc.isenabled()
+    try:
+        for _ in range(repeats):
+            gc.collect()
+            gc.disable()
+            stats = {name: {op: [0.0, 0] for op in OPS} for name in totals}
+            gens = {"minipaged": replay_steps(
+                        KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix),
+                        trace, prefix, stats["minipaged"], steps_per_chunk=steps_per_chunk),
+                    "plain": replay_steps(PlainBlockManager(num_blocks, block_size, prefix),
+                                          trace, prefix, stats["plain"],
+                                          steps_per_chunk=steps_per_chunk)}
+            order, done = ["minipaged", "plain"], set()
+            while len(done) < 2:  # both do the same steps, so both end on the same chunk
+                spent = {}
+                for name in order:
+                    before = sum(v[0] for v in stats[name].values())
+                    if next(gens[name], _DONE) is _DONE:
+                        done.add(name)
+                    spent[name] = sum(v[0] for v in stats[name].values()) - before
+                if spent["minipaged"] > 0 and spent["plain"] > 0:
+                    chunk_ratios.append(spent["plain"] / spent["minipaged"])
+                order.reverse()
+            if gc_was_on:
+                gc.enable()
+            for name, st in stats.items():
+                for op in OPS:
+                    totals[name][op][0] += st[op][0]
+                    totals[name][op][1] += st[op][1]
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return totals, chunk_ratios
+
+
+def run(args: argparse.Namespace) -> int:
+    import statistics
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.quick:
+        args.requests, args.repeats = 300, 1
+    if min(args.requests, args.num_blocks, args.block_size, args.repeats, args.chunk) < 1:
+        raise SystemExit("--requests, --num-blocks, --block-size, --repeats and --chunk "
+                         "must be >= 1")
+    trace = make_trace(args.requests)
+    console = Console()
+    for prefix in (False, True):
+        results, ratios = compare(trace, args.num_blocks, args.block_size, prefix,
+                                  args.repeats, args.chunk)
+        mode = "with prefix caching (v1)" if prefix else "without prefix caching (v0, fork)"
+        t = Table(title=f"{args.requests} requests, NB={args.num_blocks}, "
+                        f"BS={args.block_size}, {mode}", title_justify="left")
+        for col in ("op", "count", "minipaged ops/s", "plain ops/s", "minipaged / plain"):
+            t.add_column(col, justify="right")
+        rows = [(op, results["minipaged"][op], results["plain"][op]) for op in OPS]
+        rows.append(("all", *[(sum(v[0] for v in results[m].values()),
+                               sum(v[1] for v in results[m].values())) for m in results]))
+        for op, (ta, na), (tb, nb) in rows:
+            if na and nb:
+                t.add_row(op, str(na) if na == nb else f"{na} / {nb}", f"{na / ta:,.0f}",
+                          f"{nb / tb:,.0f}", f"{(na / ta) / (nb / tb):.2f}x")
+        if ratios:
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            t.caption = (f"ratios: total time over {args.repeats} run(s); per chunk of "
+                         f"{args.chunk} steps ({len(ratios)} chunks): median {q[1]:.2f}x, "
+                         f"quartiles {q[0]:.2f}x-{q[2]:.2f}x")
+        console.print(t)
+    return 0

@@ -1,0 +1,282 @@
+"""``minipaged bench kernel``: the paged attention CUDA kernel, checked first, then timed.
+
+Decode attention: every sequence has one new query token and ``ctx`` tokens of K/V in the paged
+cache (blocks scattered at random over the pool). Decode attention is bandwidth-bound (see the
+napkin math in minipaged/cuda/paged_attention.cu), so the figure of merit is
+
+    effective bandwidth = K and V bytes read (2 * S * ctx * Hkv * D * itemsize) / time
+
+printed as a fraction of the machine's measured copy bandwidth (a plain device-to-device copy
+of a large array; bytes read + written / time), and the time as a ratio to a contiguous baseline.
+
+    --backend cupy  the GPU kernel (NVRTC via CuPy). Defaults: S=64, H=32, Hkv=8, D=128, BS=16,
+                    float16, contexts 1K/4K/16K. Baseline: torch's scaled_dot_product_attention
+                    on the same K/V stored contiguously. Targets (issue 5): at least 70% of copy
+                    bandwidth at 4K and above, within 1.3x of the torch baseline.
+    --backend cpu   the same kernel on the CPU emulation harness: a correctness and teaching
+                    tool, not a fast path (every CUDA thread is a fiber). Defaults are small;
+                    the baseline is NumPy's paged_attention (method="gather").
+
+Before any timing, v1 and v2 are compared with the NumPy oracle on a small random case (and on
+the GPU, with the torch baseline at every size); a mismatch stops the benchmark with exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from minipaged.kit.bench import median_time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("kernel", help="the CUDA paged attention kernel (GPU via CuPy, or the CPU "
+                       "harness): correctness, then time, bandwidth and a contiguous baseline",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=("cupy", "cpu"), default="cupy",
+                   help="cupy: the GPU (needs CuPy and a device); cpu: the emulation harness")
+    p.add_argument("--seqs", type=int, default=None, help="S (default 64 on cupy, 2 on cpu)")
+    p.add_argument("--heads", type=int, default=32, help="H, query heads (default 32)")
+    p.add_argument("--kv-heads", type=int, default=8, help="Hkv, KV heads (default 8)")
+    p.add_argument("--head-size", type=int, default=128, choices=(64, 128), help="D")
+    p.add_argument("--block-size", type=int, default=16, choices=(8, 16, 32), help="BS")
+    p.add_argument("--contexts", type=int, nargs="+", default=None,
+                   help="context lengths (default 1024 4096 16384 on cupy, 256 1024 on cpu)")
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per figure (median)")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny configuration that finishes in seconds (for tests)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def _case(rng, s, h, hkv, d, bs, ctx, dtype, xp=None):
+    """Random decode case with a scattered placement: q, key_cache, value_cache, tables, lens.
+    Made with ``xp`` (NumPy, or CuPy so that gigabytes of K/V are drawn on the device)."""
+    import numpy as np
+
+    xp = xp or np
+    nblocks = -(-ctx // bs)
+    nb = s * nblocks
+    normal = (lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(dtype)) \
+        if xp is np else (lambda shape: xp.random.standard_normal(shape, dtype=xp.float32)
+                          .astype(dtype))
+    q = normal((s, h, d))
+    kc = normal((nb, hkv, bs, d))
+    vc = normal((nb, hkv, bs, d))
+    tables = xp.asarray(rng.permutation(nb).astype(np.int32).reshape(s, nblocks))
+    lens = xp.asarray(np.full(s, ctx, np.int32))
+    return q, kc, vc, tables, lens
+
+
+def _check(console, backend, args) -> bool:
+    """v1 and v2 against the NumPy oracle on a small ragged case: True when within tolerance."""
+    import numpy as np
+
+    from minipaged.cuda import paged_attention as kernel
+    from minipaged.paged.paged_attention import paged_attention as oracle
+
+    rng = np.random.default_rng(args.seed)
+    q, kc, vc, tables, lens = _case(rng, 3, args.heads, args.kv_heads, args.head_size,
+                                    args.block_size, 700, args.dtype)
+    lens = np.array([700, 1, 333], np.int32)
+    expected = oracle(q, kc, vc, tables, lens).astype(np.float64)
+    # float16 output: one fp16 ulp (2^-10 relative) plus float32 reordering; float32: 1e-5
+    tol = (2.0**-10 if args.dtype == "float16" else 1e-5) * np.abs(expected) + 1e-4
+    ok = True
+    for version in (1, 2):
+        if backend == "cupy":
+            import cupy
+
+            got = kernel(*(cupy.asarray(a) for a in (q, kc, vc, tables, lens)), backend="cupy",
+                         version=version).get()
+        else:
+            got = kernel(q, kc, vc, tables, lens, backend="cpu", version=version)
+        err = np.abs(got.astype(np.float64) - expected)
+        passed = bool((err <= tol).all())
+        ok &= passed
+        console.print(f"check v{version} against the NumPy oracle: max error {err.max():.2e} "
+                      f"-> {'[green]ok[/]' if passed else '[red]FAIL[/]'}")
+    return ok
+
+
+def _gpu_available() -> str | None:
+    """None when CuPy sees a GPU, else the reason."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'minipaged[gpu]')"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+    except Exception as e:  # noqa: BLE001 - no driver, no device: all mean "no GPU"
+        return f"CuPy cannot reach a CUDA device ({e.__class__.__name__}: {e})"
+    return None
+
+
+def _gpu_time(fn, repeats: int) -> float:
+    """Median seconds of fn() measured with CUDA events (device time, not host time)."""
+    import statistics
+
+    import cupy
+
+    fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def _copy_bandwidth(backend: str) -> float:
+    """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write."""
+    import numpy as np
+
+    n = 1 << 28  # 256 MiB of float32 ... 1 GiB
+    if backend == "cupy":
+        import cupy
+
+        src = cupy.ones(n, cupy.float32)
+        dst = cupy.empty_like(src)
+        t = _gpu_time(lambda: cupy.copyto(dst, src), 10)
+        return 2 * src.nbytes / t
+    src = np.ones(n // 8, np.float32)
+    dst = np.empty_like(src)
+    return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats=5)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    backend = args.backend
+    if backend == "cupy":
+        reason = _gpu_available()
+        if reason is not None:
+            from rich.markup import escape
+
+            console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
+                          "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
+            return 1
+    gpu = backend == "cupy"
+    s = args.seqs or (64 if gpu else 2)
+    contexts = args.contexts or ([1024, 4096, 16384] if gpu else [256, 1024])
+    repeats = args.repeats or (20 if gpu else 3)
+    if args.quick:
+        args.heads, args.kv_heads, args.head_size = 4, 2, 64
+        s, contexts, repeats = 1, [64], 1
+    if args.heads % args.kv_heads:
+        console.print(f"[red]--heads {args.heads} is not a multiple of --kv-heads "
+                      f"{args.kv_heads}[/]")
+        return 2
+
+    from minipaged.cuda import paged_attention as kernel
+
+    if gpu:
+        from minipaged.cuda import cupy_runner
+
+        console.print(f"device: {cupy_runner.device_info()}")
+    if not _check(console, backend, args):
+        console.print("[red]the kernel disagrees with the oracle: not timing a wrong answer[/]")
+        return 1
+    copy_bw = _copy_bandwidth(backend)
+    console.print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
+
+    table = Table(title=f"decode attention, S={s} H={args.heads} Hkv={args.kv_heads} "
+                  f"D={args.head_size} BS={args.block_size} {args.dtype}, backend={backend}")
+    for col in ("context", "version", "time (ms)", "KV GB/s", "% of copy BW",
+                "baseline (ms)", "kernel / baseline"):
+        table.add_column(col, justify="right")
+    rng = np.random.default_rng(args.seed)
+    scale = 1.0 / math.sqrt(args.head_size)
+    for ctx in contexts:
+        kv_bytes = 2 * s * ctx * args.kv_heads * args.head_size * np.dtype(args.dtype).itemsize
+        if gpu:
+            import cupy
+
+            dq, dkc, dvc, dtab, dlens = _case(rng, s, args.heads, args.kv_heads, args.head_size,
+                                              args.block_size, ctx, args.dtype, xp=cupy)
+            base_t, base_out = _torch_baseline(dq, dkc, dvc, dtab, ctx, scale, repeats)
+        else:
+            from minipaged.paged.paged_attention import paged_attention as oracle
+
+            q, kc, vc, tables, lens = _case(rng, s, args.heads, args.kv_heads, args.head_size,
+                                            args.block_size, ctx, args.dtype)
+
+            base_t = median_time(lambda: oracle(q, kc, vc, tables, lens), repeats=repeats)  # noqa: B023
+            base_out = None
+        for version in (1, 2):
+            if gpu:
+                def call(version=version):
+                    return kernel(dq, dkc, dvc, dtab, dlens, backend="cupy",  # noqa: B023
+                                  version=version)
+
+                t = _gpu_time(call, repeats)
+                if base_out is not None:  # the baseline doubles as a check at full size
+                    err = float(cupy.abs(call().astype(cupy.float32) - base_out).max())
+                    if err > 1e-2:
+                        console.print(f"[red]ctx {ctx} v{version}: differs from torch by {err:.2e}"
+                                      "[/]")
+                        return 1
+            else:
+                t = median_time(lambda version=version: kernel(q, kc, vc, tables, lens,  # noqa: B023
+                                                               version=version),
+                                repeats=repeats, warmup=0 if args.quick else 1)
+            bw = kv_bytes / t
+            table.add_row(str(ctx), f"v{version}", f"{t * 1e3:.3f}", f"{bw / 1e9:.3g}",
+                          f"{100 * bw / copy_bw:.0f}%",
+                          f"{base_t * 1e3:.3f}" if base_t else "n/a",
+                          f"{t / base_t:.2f}x" if base_t else "n/a")
+    console.print(table)
+    if gpu:
+        console.print("targets: >= 70% of copy bandwidth at 4K and above; kernel / torch "
+                      "<= 1.3x (torch reads contiguous K/V, the kernel goes through block tables)")
+    else:
+        console.print("the CPU harness runs each CUDA thread as a fiber: its speed says nothing "
+                      "about a GPU; the baseline is the NumPy oracle (method='gather')")
+    return 0
+
+
+def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats):
+    """(median seconds, output) of torch's SDPA on the same K/V made contiguous, or (None, None)
+    when torch has no CUDA here. K/V [S, Hkv, ctx, D]; GQA through enable_gqa."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None, None
+    if not torch.cuda.is_available():
+        return None, None
+    tq, tkc, tvc, ttab = (torch.from_dlpack(a) for a in (q, kc, vc, tables))
+    s, h, d = tq.shape
+    hkv = tkc.shape[1]
+
+    def contiguous(cache):  # [NB, Hkv, BS, D] -> [S, Hkv, ctx, D] in logical order
+        g = cache[ttab.long()]                                   # [S, nblocks, Hkv, BS, D]
+        return g.permute(0, 2, 1, 3, 4).reshape(s, hkv, -1, d)[:, :, :ctx].contiguous()
+
+    k, v = contiguous(tkc), contiguous(tvc)
+    q4 = tq.reshape(s, h, 1, d)
+
+    try:  # enable_gqa (torch >= 2.5) reads each KV head once for its H/Hkv query heads
+        F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, enable_gqa=hkv != h)
+    except TypeError:  # older torch: repeat the KV heads (more bytes: the baseline gets slower)
+        k, v = (x.repeat_interleave(h // hkv, dim=1) for x in (k, v))
+
+    def call():
+        if k.shape[1] == h:
+            return F.scaled_dot_product_attention(q4, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+
+    t = _gpu_time(call, repeats)
+    import cupy
+
+    out = cupy.from_dlpack(call().reshape(s, h, d).float().contiguous())
+    return t, out

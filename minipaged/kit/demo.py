@@ -1,0 +1,233 @@
+"""``minipaged demo [SCENE]``: the classroom demo, live pictures of a paged KV cache at work.
+
+Every picture is drawn from the real managers of this package (``KVCacheManager``,
+``ContiguousKVCache`` ...) as the scene drives them; nothing is scripted. The scenes live in
+``minipaged/viz/scenes/``; the pictures in ``minipaged/viz/``. This module is the player:
+
+* in a terminal: space or right arrow steps, ``a`` toggles autoplay (``--speed`` seconds a frame),
+  ``q`` quits;
+* when stdout is not a terminal (a pipe, CI, a recording) it plays every frame through without
+  waiting for keys and exits 0;
+* ``--svg DIR`` / ``--html DIR`` also write one file per frame (rich's recording console), the
+  figures of the slide deck; ``--seed`` makes the run repeatable, ``--width`` forces the layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console, RenderableType
+
+HELP = """\
+Watch a paged KV cache work, one step at a time. Scenes, in tour order:
+
+  fragmentation  the same requests in a contiguous cache (max / pow2 / oracle reservations)
+                 and in a paged cache, with the waste of each (vLLM paper Fig. 2)
+  paging         block tables growing token by token; slot = block * block_size + offset
+  fork           parallel sampling: forked sequences share blocks, copy-on-write on append
+  beam           beam search: forking candidates and freeing dropped beams
+  prefix         a shared system prompt: prefix-cache hits and LRU eviction
+  preempt        a pool too small: swapping to a CPU pool and back, and recomputation
+  attention      a query walking its block table; the output equals dense attention
+  model          the tiny trained model generating through the paged engine: real text in
+                 the blocks, two samples sharing the prompt, copy-on-write (needs torch)
+
+Without SCENE, plays all scenes this checkout supports, in order (--list says which).
+Keys: space or right arrow = next, a = autoplay on/off, q = quit. When stdout is not a
+terminal the demo plays through without waiting and exits 0.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="the classroom demo: live pictures of block tables, sharing and preemption",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("scene", nargs="?", default=None, metavar="SCENE",
+                        help="one scene to play (default: the whole tour); see the list above")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed for the requests (same seed, same pictures; default 0)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="force the layout width in columns (>= 60), e.g. for a projector")
+    parser.add_argument("--speed", type=float, default=1.5,
+                        help="seconds per frame when autoplaying (default 1.5)")
+    parser.add_argument("--autoplay", action="store_true",
+                        help="start in autoplay (press a to pause)")
+    parser.add_argument("--svg", metavar="DIR", default=None,
+                        help="also write each frame as an SVG file into DIR")
+    parser.add_argument("--html", metavar="DIR", default=None,
+                        help="also write each frame as an HTML file into DIR")
+    parser.add_argument("--list", action="store_true",
+                        help="list the scenes and whether this checkout can play them")
+    parser.set_defaults(func=run)
+
+
+def layout_width(console: Console, forced: int | None) -> int:
+    """The width pictures are laid out for: forced, else the terminal's, capped at 100."""
+    if forced is not None:
+        if forced < 60:
+            raise ValueError(f"--width={forced} is too narrow; expected at least 60 columns")
+        return forced
+    return max(60, min(100, console.width))
+
+
+def tour(seed: int, width: int, only: str | None = None):
+    """The scenes to play as (scene class, instance) pairs, and the skipped ones with reasons."""
+    from minipaged.kit.viz.scenes import SCENES
+
+    names = [s.name for s in SCENES]
+    if only is not None and only not in names:
+        raise ValueError(f"scene={only!r} is not a scene; expected one of {names}")
+    playing, skipped = [], []
+    for cls in SCENES:
+        if only is not None and cls.name != only:
+            continue
+        why = cls.missing()
+        if why is None:
+            playing.append(cls(seed=seed, width=width))
+        else:
+            skipped.append((cls.name, why))
+    return playing, skipped
+
+
+def all_frames(scenes) -> Iterator[tuple[str, int, int, RenderableType]]:
+    """(scene name, step, steps in scene, renderable) for every frame of every scene."""
+    for scene in scenes:
+        frames = list(scene.frames())
+        for i, f in enumerate(frames):
+            yield scene.name, i, len(frames), f.renderable(index=i, total=len(frames),
+                                                          title=scene.title)
+
+
+def record(renderable: RenderableType, width: int, path_stem: Path, title: str, *,
+           svg: bool, html: bool) -> None:
+    """Write one frame with rich's recording console (colour kept unless NO_COLOR is set)."""
+    rec = Console(record=True, width=width, file=io.StringIO(), force_terminal=True,
+                  color_system="truecolor", legacy_windows=False)
+    rec.print(renderable)
+    if svg:
+        rec.save_svg(str(path_stem.with_suffix(".svg")), title=title, clear=False)
+    if html:
+        rec.save_html(str(path_stem.with_suffix(".html")), clear=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from minipaged.kit.viz.scenes import SCENES, intro_frame
+
+    console = Console()
+    try:  # bad arguments: one clear line and exit 2, like argparse, not a traceback
+        width = layout_width(console, args.width)
+        if args.seed < 0:
+            raise ValueError(f"--seed={args.seed} must be >= 0")
+        if args.speed <= 0:
+            raise ValueError(f"--speed={args.speed} must be > 0 seconds")
+        if not args.list:
+            scenes, skipped = tour(args.seed, width, args.scene)
+    except ValueError as e:
+        Console(stderr=True).print(f"[red]minipaged demo:[/] {e}", highlight=False)
+        return 2
+    if args.list:
+        for cls in SCENES:
+            why = cls.missing()
+            console.print(f"{cls.name:<14} {'ready' if why is None else 'not yet: ' + why}")
+        return 0
+    if args.scene is not None and not scenes:
+        console.print(f"scene {args.scene!r} cannot play in this checkout: {skipped[0][1]}")
+        return 1
+    console = Console(width=width)
+    out_dirs = [Path(d) for d in (args.svg, args.html) if d]
+    for d in out_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+
+    frames: Iterator[tuple[str, int, int, RenderableType]] = all_frames(scenes)
+    if args.scene is None:
+        frames = _chain(("tour", 0, 0, intro_frame(scenes, skipped, width)), frames)
+    interactive = sys.stdout.isatty() and sys.stdin.isatty()
+    autoplay = args.autoplay
+    with (_keys() if interactive else _no_keys()) as read_key:
+        for index, (name, step, _total, renderable) in enumerate(frames):
+            stem = f"{index:03d}_{name}_{step + 1:02d}"
+            if args.svg:
+                record(renderable, width, Path(args.svg) / stem, f"minipaged demo {name}",
+                       svg=True, html=False)
+            if args.html:
+                record(renderable, width, Path(args.html) / stem, f"minipaged demo {name}",
+                       svg=False, html=True)
+            if not interactive:
+                console.print(renderable)
+                console.print()
+                continue
+            console.clear()
+            console.print(renderable)
+            mode = "autoplay (a: pause)" if autoplay else "space/→: next   a: autoplay"
+            console.print(f"[dim]{mode}   q: quit[/dim]")
+            key = read_key(args.speed if autoplay else None)
+            if key == "q":
+                break
+            if key == "a":
+                autoplay = not autoplay
+    return 0
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+@contextmanager
+def _no_keys():
+    yield lambda timeout: None
+
+
+@contextmanager
+def _keys():
+    """A key reader for a terminal: returns "q", "a", "next", or None when ``timeout`` passed."""
+    if os.name == "nt":  # pragma: no cover - exercised by hand on Windows
+        import msvcrt
+        import time
+
+        def read(timeout: float | None) -> str | None:
+            end = None if timeout is None else time.monotonic() + timeout
+            while end is None or time.monotonic() < end:
+                if msvcrt.kbhit():
+                    ch = msvcrt.getwch()
+                    if ch in ("\x00", "\xe0"):
+                        msvcrt.getwch()
+                        return "next"
+                    return ch.lower() if ch.lower() in "qa" else "next"
+                time.sleep(0.02)
+            return None
+
+        yield read
+        return
+    import select
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read(timeout: float | None) -> str | None:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return None
+        ch = os.read(fd, 8).decode(errors="replace")
+        if ch.lower().startswith("q") or ch == "\x03":
+            return "q"
+        if ch.lower().startswith("a"):
+            return "a"
+        return "next"  # space, enter, right arrow (ESC [ C) and any other key step forward
+
+    try:
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -1,0 +1,212 @@
+"""``minipaged present slides/NAME.md``: a terminal presenter for the Marp deck.
+
+What it teaches: nothing new; it lets a teacher present the course in a classroom without a
+browser, from the very Markdown that Marp renders to HTML and PDF. It pages through the slides
+(``---`` separators, Marp's front matter skipped), shows each image as the plain-text twin of
+its SVG (``slides/figures/NAME.txt``, written by ``--build-figures``), shows speaker notes
+(HTML comments) with ``n``, and plays a live demo scene where a slide says
+``<!-- demo: SCENE -->``.
+
+Keys in a terminal: space / right / enter = next, b / left = back, n = notes on/off,
+d = play the slide's demo scene, q = quit. When stdout is not a terminal every slide is
+printed once, nothing waits, exit 0.
+
+    minipaged present slides/pagedattention.md
+    minipaged present slides/pagedattention.md --notes --slide 12
+    minipaged present --build-figures      regenerate slides/figures/ (demo + simulator)
+    minipaged present --check-figures      exit 1 if a committed figure is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COMMENT = re.compile(r"<!--(.*?)-->", re.DOTALL)
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)[^)]*\)")
+DEMO = re.compile(r"^\s*demo:\s*([a-z_-]+)\s*$")
+# Marp directives written as comments; they are not speaker notes.
+DIRECTIVE = re.compile(r"^\s*_?(class|paginate|header|footer|backgroundColor|color|theme|"
+                       r"size|style|marp|headingDivider)\s*:", re.IGNORECASE)
+
+
+@dataclass
+class Slide:
+    number: int
+    body: str                                   # Markdown without comments
+    notes: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    demos: list[str] = field(default_factory=list)
+
+
+def parse_deck(text: str) -> list[Slide]:
+    """Split a Marp deck into slides: front matter dropped, comments sorted into speaker notes,
+    directives and ``demo:`` markers."""
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "---":                    # front matter
+        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+        if end is None:
+            raise ValueError("the deck's front matter (starting with ---) is never closed")
+        lines = lines[end + 1:]
+    chunks, cur, fence = [], [], False
+    for line in lines:
+        if line.strip().startswith("```"):
+            fence = not fence
+        if line.strip() == "---" and not fence:
+            chunks.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    chunks.append("\n".join(cur))
+    slides = []
+    for chunk in chunks:
+        if not chunk.strip():
+            continue
+        notes, demos = [], []
+        for c in COMMENT.findall(chunk):
+            m = DEMO.match(c)
+            if m:
+                demos.append(m.group(1))
+            elif not DIRECTIVE.match(c):
+                notes.append(c.strip())
+        body = COMMENT.sub("", chunk).strip()
+        slides.append(Slide(len(slides) + 1, body, notes, IMAGE.findall(body), demos))
+    return slides
+
+
+def render_slide(slide: Slide, total: int, deck_dir: Path, *, notes: bool):
+    from rich.console import Group
+    from rich.markdown import Markdown
+    from rich.panel import Panel
+    from rich.text import Text
+
+    parts: list = [Markdown(IMAGE.sub(lambda m: f"*[figure: {m.group(1)}]*", slide.body))]
+    for img in slide.images:
+        twin = (deck_dir / img).with_suffix(".txt")
+        if twin.is_file():
+            parts.append(Text(twin.read_text(encoding="utf-8").rstrip(), no_wrap=True,
+                              overflow="crop"))
+        else:
+            parts.append(Text(f"(figure {img} has no text twin; run minipaged present "
+                              f"--build-figures)", style="yellow"))
+    for scene in slide.demos:
+        parts.append(Text(f"live demo: minipaged demo {scene}  (press d to play it here)",
+                          style="bold cyan"))
+    if notes and slide.notes:
+        parts.append(Panel(Text("\n\n".join(slide.notes)), title="speaker notes",
+                           border_style="dim"))
+    return Panel(Group(*parts), title=f"{slide.number}/{total}", title_align="right")
+
+
+def play_demo(scene: str, console, *, interactive: bool) -> None:
+    """Play one demo scene inline (every frame printed; in a terminal a key per frame)."""
+    from minipaged.kit.demo import all_frames, tour
+
+    scenes, skipped = tour(0, min(console.width, 100), scene)
+    if not scenes:
+        console.print(f"demo scene {scene!r} cannot play here: {skipped[0][1]}")
+        return
+    for _name, _step, _total, renderable in all_frames(scenes):
+        console.print(renderable)
+        if interactive and _key("frame: any key, q ends the demo ") == "q":
+            return
+
+
+def _key(prompt: str) -> str:
+    from minipaged.kit.quiz import _wait_key
+
+    return _wait_key(prompt)
+
+
+def present(path: Path, *, notes: bool, start: int, interactive: bool, console=None) -> int:
+    from rich.console import Console
+
+    console = console or Console()
+    slides = parse_deck(path.read_text(encoding="utf-8"))
+    if not slides:
+        raise ValueError(f"{path} holds no slides")
+    if not 1 <= start <= len(slides):
+        raise ValueError(f"--slide {start} is outside 1..{len(slides)}")
+    if not interactive:
+        for s in slides[start - 1:]:
+            console.print(render_slide(s, len(slides), path.parent, notes=notes))
+        return 0
+    i = start - 1
+    while True:
+        console.clear()
+        console.print(render_slide(slides[i], len(slides), path.parent, notes=notes))
+        k = _key("space/→ next  b/← back  n notes  d demo  q quit ")
+        if k == "q":
+            return 0
+        if k == "n":
+            notes = not notes
+        elif k == "d" and slides[i].demos:
+            for scene in slides[i].demos:
+                play_demo(scene, console, interactive=True)
+        elif k in ("b", "left", "h"):
+            i = max(0, i - 1)
+        else:
+            i = min(len(slides) - 1, i + 1)
+
+
+def default_figures_dir() -> Path:
+    here = Path.cwd() / "slides" / "figures"
+    if here.parent.is_dir():
+        return here
+    return Path(__file__).resolve().parents[2] / "slides" / "figures"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "present", help="present the slide deck in the terminal; regenerate its figures",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("deck", nargs="?", metavar="slides/NAME.md", help="the Marp deck to present")
+    p.add_argument("--notes", action="store_true", help="show speaker notes from the start")
+    p.add_argument("--slide", type=int, default=1, help="start at this slide (1-based)")
+    p.add_argument("--build-figures", action="store_true",
+                   help="regenerate every figure in slides/figures/ (demo frames + simulator)")
+    p.add_argument("--check-figures", action="store_true",
+                   help="exit 1 when a committed figure differs from a fresh rendering")
+    p.add_argument("--figures-dir", type=Path, default=None,
+                   help="where the figures live (default slides/figures)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    out = args.figures_dir or default_figures_dir()
+    if args.build_figures or args.check_figures:
+        from minipaged.kit import figures
+
+        if args.build_figures:
+            with console.status("drawing figures..."):
+                made = figures.build(out)
+            console.print(f"wrote {len(made)} figures (.svg + .txt) and manifest.json to {out}")
+            return 0
+        bad = list(figures.stale(out))
+        if bad:
+            console.print(f"[red]stale or missing figures:[/] {', '.join(bad)}\n"
+                          f"regenerate with: minipaged present --build-figures")
+            return 1
+        console.print("every figure is up to date")
+        return 0
+    if not args.deck:
+        console.print("[red]minipaged present:[/] name a deck, e.g. slides/pagedattention.md")
+        return 2
+    path = Path(args.deck)
+    if not path.is_file():
+        console.print(f"[red]minipaged present:[/] deck {args.deck!r} does not exist")
+        return 2
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    try:
+        return present(path, notes=args.notes, start=args.slide, interactive=interactive,
+                       console=console)
+    except ValueError as e:
+        console.print(f"[red]minipaged present:[/] {e}")
+        return 2

@@ -1,0 +1,142 @@
+"""What the scenes share: a toy vocabulary, seeded random requests, and small formatting helpers.
+
+No model runs in these scenes, so the "tokens" are ids drawn at random (from ``--seed``) and shown
+through a toy vocabulary of short words: the point is where each token's K/V lives, not what the
+words mean. The K/V values written into caches are random too, and real: attention reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+VOCAB = (
+    "the", "a", "cat", "sat", "on", "mat", "and", "then", "dog", "ran", "to", "park", "it",
+    "was", "warm", "day", "we", "saw", "two", "birds", "in", "tree", "they", "sang", "all",
+    "noon", "my", "pen", "is", "red", "her", "cup", "of", "tea", "got", "cold", "so", "she",
+    "made", "more", "you", "can", "see", "far", "from", "here", "at", "dusk", "sky", "turns",
+    "gold", "old", "man", "sells", "figs", "by", "bay", "ship", "sails", "east", "wind", "blew",
+    "hard", ".",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request: its prompt's token ids and the length it will reach (prompt + output)."""
+
+    seq_id: Hashable
+    prompt: tuple[int, ...]
+    final_len: int
+
+
+def random_requests(rng: np.random.Generator, n: int, *, prompt: tuple[int, int],
+                    output: tuple[int, int], max_len: int) -> list[Request]:
+    """``n`` requests with prompt and output lengths uniform in the given inclusive ranges."""
+    out = []
+    for i in range(n):
+        p = int(rng.integers(prompt[0], prompt[1] + 1))
+        f = min(max_len, p + int(rng.integers(output[0], output[1] + 1)))
+        out.append(Request(i, tuple(int(t) for t in rng.integers(0, len(VOCAB), p)), f))
+    return out
+
+
+def words(token_ids: Sequence[int]) -> str:
+    return " ".join(VOCAB[t % len(VOCAB)] for t in token_ids)
+
+
+def ids_text(values: Sequence[int] | np.ndarray, limit: int = 12) -> str:
+    """``[0 1 2 ...]`` short enough for one line of a step log."""
+    vals = [int(v) for v in values]
+    body = " ".join(str(v) for v in vals[:limit])
+    return f"[{body}{' ...' if len(vals) > limit else ''}]"
+
+
+def blocks_text(blocks: Sequence[int]) -> str:
+    return " ".join(f"#{b}" for b in blocks) or "(none)"
+
+
+def random_kv(rng: np.random.Generator, t: int, num_kv_heads: int, head_size: int,
+              dtype: object = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Random K and V [T, Hkv, D] for ``t`` new tokens (what a model's projections would give)."""
+    k = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
+    v = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
+    return k, v
+
+
+class PagedKV:
+    """Real K/V arrays beside a ``KVCacheManager``, and a dense record of what each sequence
+    wrote, so a scene can show (not claim) that reading through the block table gives back
+    exactly what was written, after copies, forks and swaps.
+
+    key_cache, value_cache: [NB, Hkv, BS, D]; written[seq]: (k [T, Hkv, D], v [T, Hkv, D])."""
+
+    def __init__(self, manager, rng: np.random.Generator, num_kv_heads: int = 1,
+                 head_size: int = 4, *, prefix_model: bool = False) -> None:
+        shape = (manager.num_blocks, num_kv_heads, manager.block_size, head_size)
+        self.m, self.rng = manager, rng
+        # prefix_model: a token's K/V is a fixed function of the tokens up to it (as in a real
+        # model), so a prefix-cache hit or a recompute must reproduce a cold run exactly.
+        self.prefix_model = prefix_model
+        self.key_cache = np.zeros(shape, np.float32)  # [NB, Hkv, BS, D]
+        self.value_cache = np.zeros(shape, np.float32)
+        self.written: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
+
+    def write(self, seq_id: Hashable, start: int) -> None:
+        """Fresh random K/V for positions [start, seq_len) of ``seq_id``, scattered to their
+        slots with ``reshape_and_cache`` (the caller has applied any pending copies first)."""
+        from minipaged.paged.cache_ops import reshape_and_cache
+
+        end = self.m.seq_len(seq_id)
+        hkv, d = self.key_cache.shape[1], self.key_cache.shape[3]
+        if self.prefix_model:
+            k, v = self.model_kv(self.m.token_ids(seq_id), start, end)
+        else:
+            k, v = random_kv(self.rng, end - start, hkv, d)
+        reshape_and_cache(k, v, self.key_cache, self.value_cache,
+                          self.m.slot_mapping(seq_id, start, end))
+        old_k, old_v = self.written.get(seq_id, (k[:0], v[:0]))
+        self.written[seq_id] = (np.concatenate([old_k[:start], k]),
+                                np.concatenate([old_v[:start], v]))
+
+    def model_kv(self, tokens, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """K/V [end - start, Hkv, D] of positions [start, end), each a function of its prefix."""
+        hkv, d = self.key_cache.shape[1], self.key_cache.shape[3]
+        ks, vs = [], []
+        for p in range(start, end):
+            rng = np.random.default_rng(hash(tuple(tokens[:p + 1])) % (1 << 63))
+            k, v = random_kv(rng, 1, hkv, d)
+            ks.append(k)
+            vs.append(v)
+        return np.concatenate(ks), np.concatenate(vs)
+
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        self.written[child] = self.written[parent]
+
+    def copy(self, pairs: list[tuple[int, int]]) -> None:
+        from minipaged.paged.cache_ops import copy_blocks
+
+        if pairs:
+            copy_blocks(self.key_cache, self.value_cache, pairs)
+
+    def gather(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
+        """The sequence's K/V read through its block table, [T, Hkv, D] each."""
+        n, bs = self.m.seq_len(seq_id), self.m.block_size
+        table = np.asarray(self.m.block_table(seq_id))
+        pos = np.arange(n)
+        k = self.key_cache[table[pos // bs], :, pos % bs]  # [T, Hkv, D]
+        v = self.value_cache[table[pos // bs], :, pos % bs]
+        return k, v
+
+    def all_intact(self, seq_ids) -> bool:
+        """Every listed sequence reads back, bit for bit, what was written for it."""
+        for s in seq_ids:
+            k, v = self.gather(s)
+            if self.prefix_model:  # what a cold run of the whole sequence would write
+                wk, wv = self.model_kv(self.m.token_ids(s), 0, self.m.seq_len(s))
+            else:
+                wk, wv = self.written[s]
+            if not (np.array_equal(k, wk) and np.array_equal(v, wv)):
+                return False
+        return True

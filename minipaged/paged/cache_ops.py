@@ -1,0 +1,151 @@
+"""Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
+
+What this teaches: the data side of the paged KV cache (``kv_cache.py`` is the bookkeeping side).
+The cache is two arrays, one for K and one for V, each
+
+    key_cache, value_cache: [NB, Hkv, BS, D]   C-contiguous, same dtype
+
+one layout for the whole project, NumPy and CUDA alike. Why this order: a block is the unit of
+allocation, copy and swap, so it comes first and each block is one contiguous chunk (copy-on-
+write and swapping copy whole blocks with one memcpy each); inside a block, heads come before
+tokens so that the decode kernel, which gives one head of one sequence to one thread block,
+reads a [BS, D] tile of one head contiguously. (vLLM additionally splits D of the key cache into
+16-byte vectors, [NB, Hkv, D/x, BS, x]; we keep D whole for readability and say so in the CUDA
+lesson.)
+
+    reshape_and_cache  scatter each new token's K/V [T, Hkv, D] to its slot
+                       (slot = physical_block * BS + offset; a negative slot is padding)
+    copy_blocks        one call for many copy-on-write (src, dst) block pairs (vLLM section 4.4)
+    swap_blocks        block copies between two pools, e.g. GPU <-> CPU (section 4.5)
+
+Read before: ``kv_cache.py``. Read next: ``paged_attention.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
+                 names: tuple[str, str] = ("key_cache", "value_cache")) -> None:
+    """Both caches [NB, Hkv, BS, D], same shape and dtype, NumPy arrays."""
+    for name, c in zip(names, (key_cache, value_cache)):
+        if not isinstance(c, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(c).__name__}")
+        if c.ndim != 4:
+            raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape {c.shape}")
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(f"{names[0]}.shape={key_cache.shape} != "
+                         f"{names[1]}.shape={value_cache.shape}; expected both [NB, Hkv, BS, D]")
+    if key_cache.dtype != value_cache.dtype:
+        raise TypeError(f"{names[0]}.dtype={key_cache.dtype} != "
+                        f"{names[1]}.dtype={value_cache.dtype}")
+
+
+def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
+                      value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Write token t's key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in
+    place. Slots < 0 are padding and skipped (a batch padded to a fixed T does that)."""
+    check_caches(key_cache, value_cache)
+    nb, hkv, bs, d = key_cache.shape
+    for name, x in (("key", key), ("value", value)):
+        if not isinstance(x, np.ndarray) or x.ndim != 3:
+            raise ValueError(f"{name} must be a [T, Hkv, D] numpy array, "
+                             f"got {getattr(x, 'shape', type(x).__name__)}")
+        if x.shape[1:] != (hkv, d):
+            raise ValueError(f"{name}.shape={x.shape} must be [T, Hkv={hkv}, D={d}] "
+                             "to match key_cache [NB, Hkv, BS, D]")
+        if x.dtype != key_cache.dtype:
+            raise TypeError(f"{name}.dtype={x.dtype} != key_cache.dtype={key_cache.dtype}")
+    if key.shape != value.shape:
+        raise ValueError(f"key.shape={key.shape} != value.shape={value.shape}")
+    slots = np.asarray(slot_mapping)
+    if slots.dtype.kind not in "iu":
+        raise TypeError(f"slot_mapping must hold integers, got dtype {slots.dtype}")
+    if slots.shape != (key.shape[0],):
+        raise ValueError(f"slot_mapping.shape={slots.shape} must be [T={key.shape[0]}]")
+    valid = slots >= 0
+    live = slots[valid].astype(np.int64)
+    if live.size:
+        bad = np.flatnonzero(valid & (slots >= nb * bs))
+        if bad.size:
+            t = int(bad[0])
+            raise ValueError(f"slot_mapping[{t}]={int(slots[t])} is out of range "
+                             f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
+        uniq, counts = np.unique(live, return_counts=True)
+        if (counts > 1).any():
+            dup = int(uniq[counts > 1][0])
+            where = np.flatnonzero(slots == dup).tolist()
+            raise ValueError(f"slot_mapping writes slot {dup} twice (tokens {where}); "
+                             "each token needs its own slot")
+    blocks, offsets = live // bs, live % bs
+    # Advanced indices split by a slice put the token axis first: [T', Hkv, D] on both sides.
+    key_cache[blocks, :, offsets, :] = key[valid]
+    value_cache[blocks, :, offsets, :] = value[valid]
+
+
+def reshape_and_cache_loop(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
+                           value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """The oracle: the same scatter one token at a time, the way the GPU kernel's threads do."""
+    bs = key_cache.shape[2]
+    for t, slot in enumerate(np.asarray(slot_mapping).tolist()):
+        if slot >= 0:
+            key_cache[slot // bs, :, slot % bs, :] = key[t]
+            value_cache[slot // bs, :, slot % bs, :] = value[t]
+
+
+def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name: str,
+                        *, same_pool: bool) -> np.ndarray:
+    """``block_mapping`` as int64 [N, 2] of (src, dst); errors name the bad pair."""
+    m = np.asarray(block_mapping)
+    if m.size == 0:  # [] has no dtype to speak of; an empty mapping is a valid no-op
+        m = np.zeros((0, 2), dtype=np.int64)
+    if m.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer block ids, got dtype {m.dtype}")
+    if m.ndim != 2 or m.shape[1] != 2:
+        raise ValueError(f"{name} must be (src, dst) pairs, shape [N, 2], got {m.shape}")
+    m = m.astype(np.int64)
+    for col, label, limit in ((0, "src", num_src), (1, "dst", num_dst)):
+        bad = np.flatnonzero((m[:, col] < 0) | (m[:, col] >= limit))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name}[{i}] = {tuple(m[i].tolist())}: {label} block "
+                             f"{int(m[i, col])} is out of range [0, {limit})")
+    dst, counts = np.unique(m[:, 1], return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{name} copies into block {int(dst[counts > 1][0])} more than once")
+    if same_pool:
+        both = np.intersect1d(m[:, 0], m[:, 1])
+        if both.size:
+            raise ValueError(f"{name} overlaps: block {int(both[0])} is both a source and a "
+                             "destination, so the result would depend on the copy order")
+    return m
+
+
+def copy_blocks(key_cache: np.ndarray, value_cache: np.ndarray, block_mapping: object) -> None:
+    """Copy whole blocks src -> dst for every pair, in place: the copy-on-write copies that
+    ``KVCacheManager.take_copies()`` returns, all in one call (vLLM launches one kernel)."""
+    check_caches(key_cache, value_cache)
+    nb = key_cache.shape[0]
+    m = check_block_mapping(block_mapping, nb, nb, "block_mapping", same_pool=True)
+    # Fancy indexing on the right makes a copy first; with no block both src and dst the order
+    # of the pairs cannot matter anyway.
+    key_cache[m[:, 1]] = key_cache[m[:, 0]]
+    value_cache[m[:, 1]] = value_cache[m[:, 0]]
+
+
+def swap_blocks(src_key_cache: np.ndarray, src_value_cache: np.ndarray,
+                dst_key_cache: np.ndarray, dst_value_cache: np.ndarray,
+                block_mapping: object) -> None:
+    """Copy blocks from one pool to another (GPU -> CPU on swap-out, CPU -> GPU on swap-in)."""
+    check_caches(src_key_cache, src_value_cache, ("src_key_cache", "src_value_cache"))
+    check_caches(dst_key_cache, dst_value_cache, ("dst_key_cache", "dst_value_cache"))
+    if src_key_cache.shape[1:] != dst_key_cache.shape[1:]:
+        raise ValueError(f"block shapes differ: src [Hkv, BS, D]={src_key_cache.shape[1:]} "
+                         f"vs dst {dst_key_cache.shape[1:]}")
+    if src_key_cache.dtype != dst_key_cache.dtype:
+        raise TypeError(f"src dtype {src_key_cache.dtype} != dst dtype {dst_key_cache.dtype}")
+    m = check_block_mapping(block_mapping, src_key_cache.shape[0], dst_key_cache.shape[0],
+                            "block_mapping", same_pool=False)
+    dst_key_cache[m[:, 1]] = src_key_cache[m[:, 0]]
+    dst_value_cache[m[:, 1]] = src_value_cache[m[:, 0]]

@@ -1,0 +1,329 @@
+"""Paged attention: attention that reads K and V through block tables (vLLM paper, section 4.1).
+
+What this teaches: a sequence's KV cache no longer sits in one contiguous array; it is split
+into logical blocks of BS tokens, and ``block_tables[s, i]`` says which physical block of the
+shared pool ``key_cache, value_cache [NB, Hkv, BS, D]`` holds logical block i of sequence s.
+Token position p of sequence s lives in physical block ``block_tables[s, p // BS]`` at slot
+``p % BS``. Attention is unchanged; only the addressing is. Two ways to run it:
+
+    method="gather"  fetch each sequence's logical K/V [Hkv, Tk, D] through its table, then run
+                     the dense oracle's kernel on it. Bit for bit equal to
+                     ``dense_attention(q, *gather_kv(...))``. Simple; costs one copy of K/V.
+    method="online"  never materialise the whole K/V: walk the block table block by block with
+                     the online softmax, as vLLM's CUDA kernel does (one block = one tile).
+                     Bit for bit equal to ``dense_attention(..., tile=BS)``, and within rounding
+                     of the plain oracle.
+
+``paged_attention`` is decode (one new query per sequence); ``paged_prefill_attention`` takes
+several new tokens per sequence (a prompt, a chunk of one, or the rest of a prompt after a
+prefix-cache hit), causal over the cached prefix plus the new tokens.
+
+Invariants (checked before any arithmetic, tested in tests/test_paged_attention*.py):
+* only the first ceil(seq_lens[s] / BS) entries of row s of block_tables are ever read; later
+  entries are padding (-1 by convention, but any value is ignored);
+* free blocks and the slots of a last block beyond seq_lens[s] may hold anything (NaN
+  included) without changing any output: they are never used in arithmetic;
+* moving physical blocks and rewriting the tables to match leaves every output bit-identical.
+
+Why bit-for-bit is possible at all: both methods call the oracle's kernels (``attention.py``)
+with the same per-head shapes as the oracle, so every GEMM, exp and row sum sees the same
+numbers in the same order. That is also why the gather path loops over sequences: each has
+its own Tk, and padding sequences to a common length would change the row sums' shape (NumPy
+sums pairwise, so the order depends on the length) and with it the last bits. Within a
+sequence it is vectorised across heads; the online decode path is vectorised across sequences
+(every sequence's tile is exactly BS keys, so all of them share one shape). No loop runs per
+token anywhere.
+
+Read before: ``attention.py``, ``kv_cache.py``, ``cache_ops.py``. Read next: the CUDA kernel
+(``minipaged/cuda``), which does the online walk with one thread block per (head, sequence).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minipaged.attention import (
+    _from_heads,
+    _to_heads,
+    accumulation_dtype,
+    check_dtype,
+    check_scale,
+    online_init,
+    online_step,
+    plain_softmax,
+    row_limits,
+)
+from minipaged.paged.cache_ops import check_caches
+
+METHODS = ("gather", "online")
+
+# The gather path fetches K and V for a few KV heads at a time: about this many bytes of K per
+# chunk, so that K and V of one chunk are still in cache when the GEMMs read them back.
+GATHER_CHUNK_BYTES = 1 << 20
+
+
+def _as_int_array(name: str, x: object, ndim: int) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32 by convention), got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
+    # Type, rank, matching shapes and dtypes: the same checks as every cache op. Attention
+    # adds what its arithmetic needs: a float dtype it supports and the one C-contiguous layout.
+    check_caches(key_cache, value_cache)
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        check_dtype(name, c.dtype)
+        if not c.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (the one cache layout "
+                             "[NB, Hkv, BS, D]); got a strided view")
+    NB, Hkv, BS, D = key_cache.shape
+    if min(NB, Hkv, BS, D) < 1:
+        raise ValueError(f"key_cache.shape={key_cache.shape} has an empty dimension")
+    return NB, Hkv, BS, D
+
+
+def _check_tables(block_tables: object, seq_lens: object, S: int, NB: int, BS: int,
+                  *, single_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Validate block tables [S, MB] and seq_lens [S]; return both as int64 arrays.
+
+    Only entries inside a sequence's length are checked (and later read): the rest is padding."""
+    tname, lname = ("block_table_row", "seq_len") if single_row else ("block_tables", "seq_lens")
+    if single_row:
+        bt = _as_int_array(tname, block_tables, 1)[None, :]
+        lens = _as_int_array(lname, seq_lens, 0)[None]
+    else:
+        bt = _as_int_array(tname, block_tables, 2)
+        lens = _as_int_array(lname, seq_lens, 1)
+        if bt.shape[0] != S:
+            raise ValueError(f"block_tables.shape={bt.shape} has {bt.shape[0]} rows; expected "
+                             f"one per sequence, S={S}")
+        if lens.shape != (S,):
+            raise ValueError(f"seq_lens.shape={lens.shape}; expected [S={S}]")
+
+    def where(s: int, i: int | None = None) -> str:
+        if single_row:
+            return lname if i is None else f"{tname}[{i}]"
+        return f"{lname}[{s}]" if i is None else f"{tname}[{s}, {i}]"
+
+    MB = bt.shape[1]
+    for s in np.flatnonzero(lens < 1)[:1]:
+        raise ValueError(f"{where(s)}={lens[s]}; every sequence needs at least 1 token")
+    for s in np.flatnonzero(lens > MB * BS)[:1]:
+        raise ValueError(f"{where(s)}={lens[s]} needs {-(-lens[s] // BS)} blocks of BS={BS} but "
+                         f"{tname} has only MB={MB} entries per row (room for {MB * BS} tokens)")
+    used = np.arange(MB)[None, :] < -(-lens[:, None] // BS)            # [S, MB] entries in use
+    bad = used & ((bt < 0) | (bt >= NB))
+    if bad.any():
+        s, i = (int(x) for x in np.argwhere(bad)[0])
+        what = "is padding (-1)" if bt[s, i] == -1 else f"is out of range [0, NB={NB})"
+        last = min((i + 1) * BS, lens[s]) - 1
+        raise ValueError(f"{where(s, i)} = {bt[s, i]} {what} inside {where(s)}={lens[s]} "
+                         f"(logical block {i} holds tokens {i * BS}..{last})")
+    return bt, lens
+
+
+def _check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: str) -> int:
+    if not isinstance(query, np.ndarray):
+        raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
+    if query.ndim != 3:
+        raise ValueError(f"query must be [{rows_name}, H, D] (3-D), got shape {query.shape}")
+    check_dtype("query", query.dtype)
+    if query.dtype != key_cache.dtype:
+        raise TypeError(f"query.dtype={query.dtype} != key_cache.dtype={key_cache.dtype}")
+    _, Hkv, _, D = key_cache.shape
+    if query.shape[2] != D:
+        raise ValueError(f"query.shape[2]={query.shape[2]} is the head size; key_cache has "
+                         f"D={D} (key_cache.shape={key_cache.shape})")
+    if query.shape[1] < 1 or query.shape[1] % Hkv:
+        raise ValueError(f"H={query.shape[1]} query heads is not a multiple of Hkv={Hkv} KV "
+                         "heads (key_cache.shape[1])")
+    if query.shape[0] != rows:
+        raise ValueError(f"query.shape[0]={query.shape[0]}; expected {rows_name}={rows}")
+    return query.shape[1] // Hkv
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}; expected one of {METHODS}")
+
+
+def _gather_heads(flat: np.ndarray, blocks: np.ndarray, Hkv: int, h0: int, h1: int, L: int,
+                  D: int, buf: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """K or V of KV heads h0..h1-1 of one sequence: [h1-h0, L, D] in the accumulation dtype.
+
+    ``flat`` is the cache viewed as [NB*Hkv, BS*D]: row b*Hkv + h is head h of physical block b,
+    one contiguous run of BS*D numbers. So the gather is a single np.take of whole rows into a
+    preallocated buffer (no per-token indexing), and the buffer read as [h, nb*BS, D] holds each
+    head's keys in logical order. Slots past L in the last block are sliced off, never used."""
+    rows = (blocks[None, :] * Hkv + np.arange(h0, h1)[:, None]).ravel()   # [h * nb]
+    out = buf[:rows.size]
+    np.take(flat, rows, axis=0, out=out, mode="clip")  # rows already validated; "raise" would
+    #                                                    make np.take buffer the whole output
+    kh = out.reshape(h1 - h0, -1, D)[:, :L]                                 # [h, L, D]
+    return kh.astype(acc) if kh.dtype != acc else kh
+
+
+def _gather_attention(qh: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                      blocks: np.ndarray, L: int, limits: np.ndarray,
+                      bufs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Gather path for one sequence: qh [Hkv, R, D] -> [Hkv, R, D], a few KV heads at a time."""
+    NB, Hkv, BS, D = key_cache.shape
+    kflat = key_cache.reshape(NB * Hkv, BS * D)                  # a view: the cache is C-order
+    vflat = value_cache.reshape(NB * Hkv, BS * D)
+    nb = blocks.shape[0]
+    hc = bufs[0].shape[0] // nb                                  # heads per chunk
+    out = np.empty_like(qh)
+    for h0 in range(0, Hkv, hc):
+        h1 = min(h0 + hc, Hkv)
+        kh = _gather_heads(kflat, blocks, Hkv, h0, h1, L, D, bufs[0], qh.dtype)
+        vh = _gather_heads(vflat, blocks, Hkv, h0, h1, L, D, bufs[1], qh.dtype)
+        out[h0:h1] = plain_softmax(qh[h0:h1], kh, vh, limits)
+    return out
+
+
+def _gather_buffers(key_cache: np.ndarray, max_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two reusable gather buffers [hc * max_blocks, BS*D] (K and V), hc heads per chunk."""
+    _, Hkv, BS, D = key_cache.shape
+    per_head = max_blocks * BS * D * key_cache.itemsize
+    hc = int(min(Hkv, max(1, GATHER_CHUNK_BYTES // per_head)))
+    shape = (hc * max_blocks, BS * D)
+    return np.empty(shape, key_cache.dtype), np.empty(shape, key_cache.dtype)
+
+
+def _tile(cache: np.ndarray, ids: np.ndarray | int, pad: np.ndarray | None,
+          acc: np.dtype) -> np.ndarray:
+    """One block per sequence (or one block) in the accumulation dtype, with the slots past the
+    sequence's length set to 0: they may hold garbage, and 0 * NaN would poison the sum."""
+    t = cache[ids]                                   # [Sa, Hkv, BS, D] or [Hkv, BS, D]
+    if t.dtype != acc:
+        t = t.astype(acc)
+    if pad is not None:
+        if np.may_share_memory(t, cache):  # a view into the cache: never write the cache
+            t = t.copy()
+        np.copyto(t, 0, where=pad)
+    return t
+
+
+def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: np.ndarray,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The logical K and V of one sequence, read through its block table row.
+
+    Returns k, v [Tk, Hkv, D] (Tk = seq_len), copies in the cache's dtype: exactly what a
+    contiguous cache would hold, ready for ``dense_attention``."""
+    NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
+    bt, lens = _check_tables(block_table_row, seq_len, 1, NB, BS, single_row=True)
+    L = int(lens[0])
+    blocks = bt[0, :-(-L // BS)]
+    k = key_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, Hkv, D)[:L]   # [Tk, Hkv, D]
+    v = value_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, Hkv, D)[:L]
+    return k, v
+
+
+def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                    block_tables: np.ndarray, seq_lens: np.ndarray, *,
+                    scale: float | None = None, method: str = "gather") -> np.ndarray:
+    """Decode attention: one new query per sequence over its paged K/V.
+
+    query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int [S, MB] (padded
+    with -1); seq_lens int [S] (tokens in the cache, the new one included). Returns [S, H, D]
+    in query.dtype. method "gather" equals dense_attention on the gathered K/V bit for bit;
+    "online" equals dense_attention(..., tile=BS) bit for bit."""
+    _check_method(method)
+    NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
+    if not isinstance(query, np.ndarray) or query.ndim != 3:
+        _check_query(query, key_cache, 0, "S")                      # raises the right error
+    S = query.shape[0]
+    G = _check_query(query, key_cache, S, "S")
+    bt, lens = _check_tables(block_tables, seq_lens, S, NB, BS)
+    check_scale(scale)
+    acc = accumulation_dtype(query.dtype)
+    scale = D ** -0.5 if scale is None else scale
+    if S == 0:
+        return np.empty_like(query)
+    qh = _to_heads(query.reshape(1, S * Hkv * G, D), S * Hkv, scale, acc)  # [S*Hkv, G, D]
+    qh = qh.reshape(S, Hkv, G, D)          # elementwise scaling: same bits as per sequence
+    nblocks = -(-lens // BS)                                               # [S]
+    if method == "gather":
+        oh = np.empty_like(qh)
+        bufs = _gather_buffers(key_cache, int(nblocks.max()))
+        for s in range(S):  # one iteration per sequence: each has its own Tk (see docstring)
+            L = int(lens[s])
+            oh[s] = _gather_attention(qh[s], key_cache, value_cache, bt[s, :nblocks[s]], L,
+                                      row_limits(1, L, G, True), bufs)
+    else:
+        # Walk logical block j of every sequence at once. Sequences are visited longest first,
+        # so the ones that still have a block j are a prefix [:n] (views, no fancy indexing).
+        order = np.argsort(-nblocks, kind="stable")
+        qs, bts, ls, nbs = qh[order], bt[order], lens[order], nblocks[order]
+        m, l, o = online_init((S, Hkv, G), D, acc)
+        offsets = np.arange(BS)
+        for j in range(int(nbs[0])):  # one iteration per logical block, never per token
+            n = int(np.searchsorted(-nbs, -j, side="left"))          # sequences with nbs > j
+            hidden = (j * BS + offsets)[None, :] >= ls[:n, None]     # [n, BS] past seq_len
+            pad = hidden.any()
+            kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+            vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+            m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
+                                              hidden[:, None, None, :] if pad else None,
+                                              m[:n], l[:n], o[:n])
+        o /= l
+        oh = np.empty_like(o)
+        oh[order] = o
+    return oh.reshape(S, Hkv * G, D).astype(query.dtype, copy=False)
+
+
+def paged_prefill_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                            block_tables: np.ndarray, seq_lens: np.ndarray,
+                            query_lens: np.ndarray, *, scale: float | None = None,
+                            method: str = "gather") -> np.ndarray:
+    """Ragged prefill: query_lens[s] new tokens of sequence s attend causally over its cached
+    prefix plus themselves.
+
+    query [T, H, D] packs the new tokens sequence by sequence (T = sum(query_lens)); their K/V
+    are already in the cache, and seq_lens [S] counts them, so query row i of sequence s is
+    token position seq_lens[s] - query_lens[s] + i. Returns [T, H, D] in query.dtype, equal bit
+    for bit to dense_attention on each sequence's gathered K/V (tile=BS for "online")."""
+    _check_method(method)
+    NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
+    qlens = _as_int_array("query_lens", query_lens, 1)
+    S = qlens.shape[0]
+    for s in np.flatnonzero(qlens < 1)[:1]:
+        raise ValueError(f"query_lens[{s}]={qlens[s]}; every sequence needs at least 1 new token")
+    G = _check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
+    bt, lens = _check_tables(block_tables, seq_lens, S, NB, BS)
+    for s in np.flatnonzero(qlens > lens)[:1]:
+        raise ValueError(f"query_lens[{s}]={qlens[s]} > seq_lens[{s}]={lens[s]}; seq_lens "
+                         "must count the new tokens too")
+    check_scale(scale)
+    acc = accumulation_dtype(query.dtype)
+    scale = D ** -0.5 if scale is None else scale
+    out = np.empty_like(query)
+    if S == 0:
+        return out
+    nblocks = -(-lens // BS)
+    starts = np.concatenate([[0], np.cumsum(qlens)])
+    bufs = _gather_buffers(key_cache, int(nblocks.max())) if method == "gather" else None
+    # One iteration per sequence: ragged query lengths give every sequence its own GEMM shape.
+    for s in range(S):
+        T, L, nb = int(qlens[s]), int(lens[s]), int(nblocks[s])
+        qh = _to_heads(query[starts[s]:starts[s + 1]], Hkv, scale, acc)       # [Hkv, G*T, D]
+        limits = row_limits(T, L, G, True)                                     # [G*T]
+        if method == "gather":
+            oh = _gather_attention(qh, key_cache, value_cache, bt[s, :nb], L, limits, bufs)
+        else:
+            m, l, oh = online_init((Hkv, G * T), D, acc)
+            for j in range(nb):  # walk the block table: one tile of BS keys per block
+                keys = j * BS + np.arange(BS)
+                hidden = keys[None, :] > limits[:, None]                      # [G*T, BS]
+                tail = keys >= L                                               # [BS]
+                pad = tail[None, :, None] if tail.any() else None
+                kt = _tile(key_cache, int(bt[s, j]), pad, acc)                 # [Hkv, BS, D]
+                vt = _tile(value_cache, int(bt[s, j]), pad, acc)
+                m, l, oh = online_step(qh, kt, vt, hidden if hidden.any() else None, m, l, oh)
+            oh /= l
+        out[starts[s]:starts[s + 1]] = _from_heads(oh, T)
+    return out
