@@ -1,27 +1,32 @@
 """minipaged: vLLM's PagedAttention from scratch, one lesson per file.
 
-The course map (read the modules in this order; each one's docstring says what comes next):
+The map (the one reading order: each module's docstring ends its lesson with "Read next"; the
+lessons in ``lessons/`` follow the same stages):
 
-    attention.py        dense attention, the oracle everything else is checked against
-    usage.py            the four categories of KV cache memory (the paper's Fig. 2)
-    buddy.py            a buddy allocator: how contiguous regions are placed
-    contiguous.py       a contiguous KV cache with Orca-style reservations, and its waste
-    block_allocator.py  physical blocks, a free list and reference counts
-    kv_cache.py         block tables, slot mapping, KVCacheManager (allocate / append / free)
-    cache_ops.py        reshape_and_cache and copy_blocks: writing K/V into the pages
-    paged_attention.py  attention that reads K/V through block tables, equal to dense bit for bit
-    sharing.py          sequence groups: parallel sampling and beam search over fork / free
-    prefix_cache.py     prefix caching: hash chains of full blocks and an LRU free queue
-    swap.py             the CPU block pool: swapping a sequence group out and back in
-    memory_policy.py    the scheduler's view of memory: paged blocks or Orca-style regions
-    sequence.py         sequences and sequence groups: the units the scheduler moves
-    scheduler.py        continuous batching: FCFS admission, preemption by swap or recompute
-    sim/                workloads, memory presets, a cost model, the simulator, the experiments
-    factcheck.py        the seed interview answer's claims, each one measured
-    viz/, demo.py       the classroom demo, drawn from the managers' real state
-    cuda/               the CUDA kernels, run by CuPy on a GPU or by a CPU emulation harness
-    model/              a tiny trained torch model generating through the paged cache (LLM)
-    grader/, quiz.py, present.py   the teaching kit: exercise grader, drills, terminal slides
+    attention.py                 stage 1  dense attention: the oracle everything is checked against
+    contiguous/usage.py          stage 2  the four categories of KV cache memory (paper, Fig. 2)
+    contiguous/buddy.py                   a buddy allocator: how contiguous regions are placed
+    contiguous/cache.py                   a contiguous KV cache with Orca-style reservations
+    paged/block_allocator.py     stage 3  physical blocks, a free list, reference counts
+    paged/block_manager.py                block tables and slot mapping (allocate / append / free)
+    paged/cache_ops.py                    reshape_and_cache, copy_blocks: writing K/V into pages
+    paged/paged_attention.py              attention through block tables, equal to dense
+    sharing/cow.py               stage 4  fork and copy-on-write
+    sharing/sequence.py                   sequences and sequence groups
+    sharing/sampling.py                   parallel sampling and beam search over shared blocks
+    sharing/prefix_cache.py               prefix caching: a hash chain and an LRU free queue
+    serving/swap.py              stage 5  preemption: swap to a CPU pool, or recompute
+    serving/memory_policy.py              the scheduler's view of memory: blocks or regions
+    serving/scheduler.py                  continuous batching: FCFS, preemption, chunked prefill
+
+After the core: ``sim/`` (workloads, a cost model, the simulator and the paper's experiments),
+``cuda/`` (stage 6: the CUDA kernels, run by CuPy on a GPU or by the CPU emulation harness in
+``cuda/emu/``), ``model/`` (stage 7: a tiny torch model generating through the paged cache).
+Beside it all, ``kit/``: the command line, the classroom demo, the grader, the quiz, the slides
+presenter and the benchmarks. ``_checks.py`` holds the argument checks every stage shares.
+
+A later stage imports an earlier one, never the reverse (tests/test_layout.py checks it).
+``KVCacheManager`` is the complete manager the lessons build one subclass at a time.
 
 Symbols used in shape comments everywhere: S sequences, H query heads, Hkv KV heads, D head size,
 NB physical blocks, BS block size, MB max blocks per sequence, T tokens.
@@ -38,7 +43,19 @@ from minipaged.paged.block_manager import KVCacheManager
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from minipaged.paged.paged_attention import paged_attention, paged_prefill_attention
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+#: The core in reading order (paths under minipaged/): the single source of the map above.
+READING_ORDER = (
+    "attention.py",
+    "contiguous/usage.py", "contiguous/buddy.py", "contiguous/cache.py",
+    "paged/block_allocator.py", "paged/block_manager.py", "paged/cache_ops.py",
+    "paged/paged_attention.py",
+    "sharing/cow.py", "sharing/sequence.py", "sharing/sampling.py", "sharing/prefix_cache.py",
+    "serving/swap.py", "serving/memory_policy.py", "serving/scheduler.py",
+)
+#: Where the last core module's "Read next" points.
+READ_AFTER_CORE = "sim/simulator.py"
 
 __all__ = ["BlockAllocator", "KVCacheManager", "OutOfBlocksError", "copy_blocks",
            "reshape_and_cache", "swap_blocks", "BuddyAllocator", "ContiguousKVCache", "KVUsage",

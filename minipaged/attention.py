@@ -26,7 +26,7 @@ is written as three small kernels over head-major arrays (``_to_heads``, ``plain
 block table, with identical per-head shapes. What the paged paths change is only where K and V
 come from; that is the whole claim of PagedAttention (vLLM paper, section 4.1).
 
-Read before: nothing (start here). Read next: ``contiguous.py``, then ``paged_attention.py``.
+Read before: nothing (start here). Read next: ``contiguous/usage.py`` (stage 2, lesson 02).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where the KV cache memory goes: the four categories of the vLLM paper's Figure 2.
 
 Lesson 02 (contiguous cache) and lesson 03 (paged cache) both report memory in these terms, so
-that the two can be compared slot for slot. Read next: ``contiguous.py``.
+that the two can be compared slot for slot. Read next: ``contiguous/buddy.py``.
 
 Every slot of KV cache memory (one token's K and V, for one layer) is in exactly one category:
 
