@@ -134,14 +134,20 @@ rates = experiments.rates(60, iters=3, console=console)
 
 # %%
 swap = experiments.swap_vs_recompute(60, sizes=(4, 16, 64), console=console)
+ratios = {bs: d["recompute"]["normalized_latency_s_per_token"]
+          / d["swap"]["normalized_latency_s_per_token"] for bs, d in swap.items()}
+console.print("recompute / swap latency in this run (60 requests): "
+              + ", ".join(f"block {bs}: {r:.2f}" for bs, r in ratios.items()))
 
 # %% [markdown]
 # The paper (Fig. 19): swapping is slow with small blocks, recomputation's overhead stays
-# within 20% of swapping's, and end to end the two are comparable for blocks of 16 to 64. In
-# the simulation the two stay within a few percent of each other throughout, and swapping
-# loses its edge as blocks shrink (the per-copy cost grows with the number of blocks). Our
-# swap cost is a model (PCIe bandwidth plus 5 us per copy), not a measurement, so read the
-# direction, not the digits. vLLM v0 kept both modes; recent vLLM recomputes by default.
+# within 20% of swapping's, and end to end the two are comparable for blocks of 16 to 64.
+# Read the ratios this run printed (they depend on the run: `minipaged experiment 5` with its
+# 300 requests gives other ones): where recompute / swap is above 1, swapping won. Our swap
+# cost is a model (PCIe bandwidth plus 5 us per copy), not a measurement, so read the
+# direction, not the digits. Preemption modes in vLLM: v0 recomputed single-sequence groups
+# and swapped multi-sequence groups (beam search, n > 1), vLLM v0's
+# `vllm/core/scheduler.py` `_preempt`; v1 has recompute only (`vllm/v1/core/sched/scheduler.py`).
 #
 # ## A simulation from the command line
 #
