@@ -3,8 +3,8 @@
 What this teaches: why a cache that gives every request ONE contiguous region wastes memory even
 when it reserves exactly what each request needs. The vLLM paper's Orca baselines (section 3 and
 Fig. 2) place their reservations with a buddy allocator; the free memory it leaves between live
-regions is the paper's *external fragmentation*. Read next: ``contiguous/cache.py``, which stores real
-K/V in regions handed out by this allocator and reports the paper's four categories of waste.
+regions is the paper's *external fragmentation*. Read next: ``contiguous/cache.py``, which
+stores real K/V in regions handed out by this allocator and reports the four categories.
 
 The buddy system in one paragraph. The arena of ``num_slots`` slots is cut into blocks whose size
 is a power of two and whose offset is a multiple of that size ("aligned"). A block of order k
