@@ -11,8 +11,8 @@ baselines, section 6.1):
                                                                    (Orca (Pow2))
     oracle  reserve exactly the final length (needs to know the future)   (Orca (Oracle))
 
-Regions are placed by the buddy allocator of ``buddy.py``. Read that first; read next
-``block_allocator.py`` and ``kv_cache.py``, where the same memory is cut into fixed-size blocks.
+Regions are placed by the buddy allocator of ``buddy.py``. Read next:
+``paged/block_allocator.py`` (stage 3, lesson 03), where the same memory is cut into blocks.
 
 Storage. Two arrays, ``key_arena`` and ``value_arena``, each [num_slots, Hkv, D] (C-contiguous):
 slot i holds one token's K (or V) for all KV heads. A request owning region [off, off + n) keeps
