@@ -1,22 +1,15 @@
 """The grading engine: load a learner's file from any path, run hidden cases, say what is wrong.
 
-Each exercise has hidden cases in ``grader/ex_*.py``; a case is a plain function that receives
-the learner's module and checks it with three assertions, each of which raises ``CaseFailure``
-carrying the inputs, the expected and the actual value:
-
-    equal(got, want, message, inputs)     the value shown is the value compared: for sequences
-                                          and arrays the first index that differs, for dicts
-                                          only the entries that differ
-    rejects(call, kinds, message, inputs, state=...)   the call must raise one of ``kinds``,
-                                          and ``state()``, a snapshot of everything the call
-                                          could touch, must read the same right after it
-    expect(condition, message, ...)       anything else
-
-The report must help, never frighten: an untouched exercise (``raise NotImplementedError``
-still there) reads as "not started"; any other exception in the learner's code is one line plus
-the line of the learner's file where it happened; a case that runs too long is stopped (where
-SIGALRM exists) instead of hanging. Each case has its own hint, and a failure may carry a more
-precise one, so the hint speaks to what went wrong rather than giving the solution away.
+A hidden case (``grader/ex_*.py``) is a function of the learner's module that checks it with
+three assertions, each raising ``CaseFailure`` with the inputs, the expected and the actual value:
+``equal(got, want, ...)`` shows exactly the values compared (for sequences and arrays the first
+index that differs, for dicts only the entries that differ); ``rejects(call, kinds, ...,
+state=...)`` wants one of ``kinds`` raised and ``state()``, a snapshot of everything the call
+could touch, unchanged right after; ``expect(condition, ...)`` covers the rest. Each case has
+its own hint and a failure may carry a more precise one, so a hint speaks to what went wrong.
+An untouched exercise (``raise NotImplementedError``) reads as "not started"; any other exception
+is one line plus the learner's line where it happened; a case that runs too long is stopped
+(where SIGALRM exists) instead of hanging.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Scene ``attention``: a decode query walking its block table; the output equals dense attention.
 
-What it shows (vLLM section 4.1, PagedAttention): two sequences' K/V live scattered in a pool of
-blocks (written with ``reshape_and_cache``). One decode query of sequence A visits A's logical
-blocks in order; each frame shows the physical block it reads and the scores q·k/sqrt(D) of the
-keys in it, with the running maximum and sum an online softmax keeps (the "online" method reads
-one block at a time exactly like this). The last frame compares, bit for bit, the output of
-``paged_attention`` (both methods) with ``dense_attention`` on the K/V the sequence wrote, kept
-aside in one contiguous array: paging changes where K/V live, never what attention computes.
+What it shows (vLLM section 4.1): two sequences' K/V scattered in a pool. A decode query of
+sequence A visits A's logical blocks in order; each frame shows the physical block it reads, the
+scores q·k/sqrt(D) of its keys, and the running maximum and sum an online softmax keeps. The
+last frame compares, bit for bit, ``paged_attention`` (both methods) with ``dense_attention``
+on the K/V A wrote, kept aside contiguously: paging changes where K/V live, never the result.
 """
 
 from __future__ import annotations

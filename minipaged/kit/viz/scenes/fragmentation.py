@@ -1,23 +1,15 @@
 """Scene ``fragmentation``: the same requests in contiguous caches and in a paged cache.
 
-What it shows (vLLM section 3, Fig. 2): four caches of the same 128 slots serve the same twelve
-requests, first come first served. Three reserve one contiguous region per request when it is
-admitted, sized by Orca's policies (``contiguous/cache.py``: max_seq_len, a power of two, or
-exactly the final length) and placed by a buddy allocator; the fourth is a ``KVCacheManager``
-that takes a 4-slot block only when the last one is full. Each cache is drawn one character per
-slot from its own state, with its own ``usage()`` report as a waste bar.
-
-One step: every running request appends one token; a request that reaches its final length
-finishes and frees its memory; then waiting requests are admitted, oldest first and without
-overtaking, while their memory is free (a prompt is written in the step it is admitted). For a
-contiguous cache that memory is the whole reservation: a region of R slots must be cut from one
-free, aligned buddy block of next_pow2(R) slots, so free slots split into smaller blocks cannot
-serve it, even when they lie side by side. The paged cache, like vLLM, admits a request when its
-prompt's blocks are free; when a step finds no free block for a token it preempts the most
-recently admitted request by recomputation (vLLM section 4.5): its blocks are freed, and it
-re-enters at the head of the queue with all its tokens as a new prompt.
-
-The last frame shows each cache's usage averaged over all steps, the way Fig. 2 averages.
+What it shows (vLLM section 3, Fig. 2): four caches of 128 slots serve the same twelve requests,
+first come first served. Three reserve one contiguous region per request at admission, sized by
+Orca's policies (``contiguous/cache.py``) and placed by a buddy allocator, so a region of R slots
+must be cut from one free, aligned block of next_pow2(R) slots: free slots split into smaller
+blocks cannot serve it, even side by side. The fourth is a ``KVCacheManager`` that takes a block
+only when the last one is full and, like vLLM, preempts the newest request by recomputation when
+a token finds no free block (section 4.5). One step: every running request appends one token
+(finishing ones free their memory), then waiting requests are admitted, oldest first, while
+their memory is free. Each cache is drawn from its own state with its own ``usage()``; the last
+frame averages usage over all steps, as Fig. 2 does.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """Scene ``model``: the tiny trained model generating real text through the paged engine.
 
-Every other scene drives the cache managers by hand with made-up tokens. This one runs the real
-thing: the shipped checkpoint (``minipaged/model``, a character-level model that counts down) is
-asked for two sampled completions of one prompt (``SamplingParams(n=2, temperature, seed)``),
-and the engine (``LLM.generate``) does everything itself: it prefills the prompt, forks the
-second sample from the first (vLLM section 4.4: they share the prompt's blocks), copies the
-shared, partly filled last block on the first write (copy-on-write), allocates a block whenever
-a sample's last one is full, and frees them all when the samples end. The scene only watches.
-
-How it watches without scripting anything: ``LLM.on_step`` is called after every engine step.
-The callback reads the engine's own ``KVCacheManager`` (``read_pool``), writes down what changed
-since the previous step, and, at the steps where the block tables changed, pauses the engine:
-``generate`` runs in a worker thread that waits inside the callback until the picture has been
-shown. So while a frame is on screen the engine is stopped exactly at that step, and a test can
-compare the picture with the live manager. Steps where tokens were only written in place are not
-drawn; the next frame's log lists what they wrote. A token appears once its K/V is in the pool:
-the token sampled at a step is written at the next one, when it is fed back in.
-
-Needs torch (an optional dependency) and the checkpoint; without them ``missing()`` says so and
-the tour skips the scene.
+Every other scene drives the managers by hand with made-up tokens; here the shipped checkpoint
+(``minipaged/model``, a character-level model that counts down) is asked for two sampled
+completions of one prompt, and the engine (``LLM.generate``) does everything itself: prefill,
+a fork for the second sample (vLLM section 4.4), copy-on-write of the shared last block, new
+blocks as samples grow, frees at the end. The scene only watches: ``LLM.on_step`` is called
+after every engine step, reads the engine's own ``KVCacheManager`` and, when a block table
+changed, pauses the engine (``generate`` runs in a worker thread that waits inside the callback)
+until the frame has been shown, so a test can compare the frame with the live manager. A token
+appears once its K/V is in the pool: the token sampled at one step is written at the next.
+Needs torch (optional) and the checkpoint; without them ``missing()`` says so.
 """
 
 from __future__ import annotations
@@ -88,64 +79,60 @@ class ModelScene(Scene):
         return {"pool": self.llm.manager}
 
     # ---- the watcher: runs inside LLM.on_step, in the engine's thread ------------------------
-    def _observe(self, stats) -> tuple[int, PoolView, list[Event], set[str]] | None:
-        """Read the engine's manager after a step; what to draw, when the block tables changed."""
+    def _observe(self, stats) -> Frame | None:
+        """After every engine step: the frame to show, or None when the step changed no block
+        table (tokens written in place only: the next frame's log lists them)."""
+        view = read_pool(self.llm.manager, copies=stats.copies)
+        tables = [(t.seq_id, t.blocks) for t in view.tables]
+        if self._shown is not None and tables == self._shown_tables and not (
+                stats.copies or stats.preempted):
+            return None
+        events = self._events(self._shown, view, stats.preempted)
+        frame = self._step_frame((self._since, stats.step), view, events)
+        self._shown, self._shown_tables, self._since = view, tables, stats.step + 1
+        return frame
+
+    def _events(self, old: PoolView | None, view: PoolView, preempted) -> list[Event]:
+        """What changed between the last frame shown and now, read from the two views."""
         m = self.llm.manager
-        view = read_pool(m, copies=stats.copies)
-        old = {t.seq_id: t for t in self._prev.tables} if self._prev else {}
+        before = {t.seq_id: t for t in old.tables} if old is not None else {}
         now = {t.seq_id: t for t in view.tables}
-        ev, kinds = self._pending, self._kinds
+        events = []
         for t in view.tables:
-            lab = self.labels(t.seq_id)
-            o = old.get(t.seq_id)
+            lab, o = self.labels(t.seq_id), before.get(t.seq_id)
             if o is None:
                 self._order.append(t.seq_id)
                 # A fork shares every block of a sequence listed before it; anything else new
                 # was admitted (its prompt prefilled into blocks of its own).
                 parent = next(p.seq_id for p in view.tables
                               if p.seq_id == t.seq_id or set(t.blocks) <= set(p.blocks))
-                if parent != t.seq_id:
-                    ev.append(Event("fork", f"{lab} = fork of {self.labels(parent)} (sample "
+                events.append(Event("fork", f"{lab} = fork of {self.labels(parent)} (sample "
                                             f"{self._order.index(t.seq_id)}): shares blocks "
-                                            f"{blocks_text(t.blocks)}, nothing copied"))
-                    kinds.add("fork")
-                else:
-                    ev.append(Event("admit", f"{lab}: prompt of {t.seq_len} tokens (with <bos>) "
+                                            f"{blocks_text(t.blocks)}, nothing copied")
+                              if parent != t.seq_id else
+                              Event("admit", f"{lab}: prompt of {t.seq_len} tokens (with <bos>) "
                                              f"prefilled in one pass -> blocks "
                                              f"{blocks_text(t.blocks)}"))
-                    kinds.add("admit")
                 continue
             if t.seq_len > o.seq_len:
+                text = "".join(self._text[i] for i in t.token_ids[o.seq_len:])
                 slots = m.slot_mapping(t.seq_id, o.seq_len, t.seq_len)
-                self._written.setdefault(t.seq_id, []).extend(
-                    (self._text[tid], int(s)) for tid, s in zip(t.token_ids[o.seq_len:], slots))
+                events.append(Event("append", f"{lab}: \"{text}\" ({len(text)} token"
+                                              f"{'s' * (len(text) > 1)}) -> slots "
+                                              f"{ids_text(slots, limit=8)}"))
             if len(t.blocks) > len(o.blocks):
-                ev.append(Event("block", f"{lab}: block {len(o.blocks) - 1} full, new block "
-                                         f"#{t.blocks[-1]} from the free list"))
-                kinds.add("block")
-        for src, dst in stats.copies:
-            who = [self.labels(s) for s in now if s in old and old[s].blocks
-                   and old[s].blocks[-1] == src and now[s].blocks[-1] == dst]
-            ev.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who) or '?'} wrote into a "
-                                    f"shared block, so it gets its own copy first"))
-            kinds.add("copy")
-        for rid, mode in stats.preempted:
-            ev.append(Event("preempt", f"request {rid} preempted by {mode}"))
-            kinds.add("preempt")
-        for s in old.keys() - now.keys():
-            ev.append(Event("free", f"{self.labels(s)} finished: its {len(old[s].blocks)} "
-                                    f"blocks each lose a reference"))
-            kinds.add("free")
-        self._prev = view
-        if not kinds:
-            return None  # tokens written in place only: the next picture's log lists them
-        written = [Event("append", f"{self.labels(s)}: \"{''.join(c for c, _ in items)}\" "
-                                   f"({len(items)} token{'s' * (len(items) > 1)}) -> slots "
-                                   f"{ids_text([slot for _, slot in items], limit=8)}")
-                   for s, items in self._written.items()]
-        out = ((self._since, stats.step), view, written + ev, set(kinds))
-        self._pending, self._kinds, self._written, self._since = [], set(), {}, stats.step + 1
-        return out
+                events.append(Event("block", f"{lab}: block {len(o.blocks) - 1} full, new "
+                                             f"block #{t.blocks[-1]} from the free list"))
+        for src, dst in view.copies:
+            who = [self.labels(s) for s in now if s in before and before[s].blocks
+                   and before[s].blocks[-1] == src and now[s].blocks[-1] == dst]
+            events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who) or '?'} wrote into "
+                                        f"a shared block, so it gets its own copy first"))
+        events += [Event("preempt", f"request {rid} preempted by {mode}")
+                   for rid, mode in preempted]
+        events += [Event("free", f"{self.labels(s)} finished: its {len(before[s].blocks)} "
+                                 f"blocks each lose a reference") for s in before if s not in now]
+        return events
 
     # ---- the frames: the main thread --------------------------------------------------------
     def frames(self) -> Iterator[Frame]:
@@ -153,9 +140,9 @@ class ModelScene(Scene):
         from minipaged.model.checkpoint import load_model
 
         self._text = token_texts()
-        self._prev: PoolView | None = None
-        self._pending, self._kinds, self._written = [], set(), {}
-        self._since, self._order = 0, []  # seq_ids in order of first appearance
+        self._shown: PoolView | None = None  # the view of the last frame shown
+        self._shown_tables: list = []
+        self._since, self._order = 0, []  # first engine step not shown; seq_ids as they appeared
         self.llm = llm = LLM(load_model(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
         self.prompt = f"count down from {start_for(self.seed)}:"
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, n=N_SAMPLES,
@@ -164,9 +151,9 @@ class ModelScene(Scene):
         go, stop = threading.Semaphore(0), threading.Event()
 
         def on_step(stats) -> None:
-            step = self._observe(stats)
-            if step is not None:
-                shown.put(("step", step))
+            frame = self._observe(stats)
+            if frame is not None:
+                shown.put(("step", frame))
                 go.acquire()        # the engine waits here while the picture is on screen
                 if stop.is_set():
                     raise _Stop
@@ -184,7 +171,7 @@ class ModelScene(Scene):
         worker.start()
         try:
             while (item := shown.get())[0] == "step":
-                yield self._step_frame(*item[1])
+                yield item[1]
                 go.release()
             if item[0] == "error":
                 raise item[1]
@@ -196,9 +183,10 @@ class ModelScene(Scene):
                 go.release()
                 worker.join()
 
-    def _step_frame(self, steps: tuple[int, int], view: PoolView, events: list[Event],
-                    kinds: set[str]) -> Frame:
+    def _step_frame(self, steps: tuple[int, int], view: PoolView,
+                    events: list[Event]) -> Frame:
         lo, hi = steps
+        kinds = {e.kind for e in events}
         said = []
         if "admit" in kinds:
             said.append(f"the engine prefills \"{self.prompt}\" in one forward pass and samples "

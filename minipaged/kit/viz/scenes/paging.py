@@ -1,12 +1,11 @@
 """Scene ``paging``: block tables growing token by token, and the slot mapping they produce.
 
-What it shows (vLLM sections 4.2-4.3): a ``KVCacheManager`` of 16 physical blocks of 4 slots.
-Three requests arrive; each prompt gets just enough blocks. Every decode step appends one token
-to every sequence; ``append_slot`` returns the slot its K/V goes to, and a new block is taken
-only when the last one is full. One request finishes and frees its blocks; the next request
-takes whichever blocks are free, so its logical blocks land scattered over the pool and its
-block table is the only thing that knows their order. Each step's slot mapping (the array
-``reshape_and_cache`` scatters K/V with) is printed with the arithmetic behind each slot.
+What it shows (vLLM sections 4.2-4.3): a ``KVCacheManager`` of 16 blocks of 4 slots. Each prompt
+gets just enough blocks; every decode step appends one token per sequence, and ``append_slot``
+returns the slot its K/V goes to (a new block only when the last one is full). A finished
+request frees its blocks; the next one takes whichever are free, so its logical blocks land
+scattered and its block table is the only thing that knows their order. Each step's slot
+mapping (what ``reshape_and_cache`` scatters K/V with) is printed with its arithmetic.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Scene ``preempt``: a pool too small for everyone, recovered by swapping and by recomputation.
 
-What it shows (vLLM section 4.5): four requests decode in a pool of 10 blocks of 4 slots that
-cannot hold them all at their final lengths. Before each decode step the scene asks the manager
-how many blocks the step needs (``blocks_needed_to_append``); when that exceeds the free blocks,
-the most recently admitted request is preempted: the first time by *swapping* (its blocks are
-copied to a CPU block pool with real arrays, ``swap_out`` + ``CPUBlockPool.copy_out``), later by
-*recomputation* (its blocks are freed, ``preempt_by_recompute``, and its tokens are prefilled
-again later). A preempted request comes back, oldest first, as soon as its blocks fit, and
-nothing new runs before it. K/V are a fixed function of each token's prefix, so the step log
-can check that after a swap round trip or a recompute every sequence's K/V, read through its
-block table, equal a cold computation.
+What it shows (vLLM section 4.5): four requests decode in a pool of 10 blocks that cannot hold
+them all at their final lengths. When a decode step needs more blocks than are free
+(``blocks_needed_to_append``), the newest request is preempted: the first time by swapping (its
+blocks copied to a CPU block pool, ``swap_out`` + ``CPUBlockPool.copy_out``), later by
+recomputation (``preempt_by_recompute``: blocks freed, tokens prefilled again later). Preempted
+requests come back oldest first, before anything new runs. K/V are a fixed function of each
+token's prefix, so the log can check that after a swap round trip or a recompute every
+sequence's K/V, read through its block table, equal a cold computation.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Scene ``prefix``: a shared system prompt, prefix-cache hits, and LRU eviction (vLLM v1).
 
-What it shows: a ``KVCacheManager(enable_prefix_caching=True)`` of 12 blocks. Every request
+What it shows: a ``KVCacheManager(enable_prefix_caching=True)`` of 12 blocks; every request
 starts with the same 8-token system prompt (two full blocks). The first request computes it; the
 next ones find its blocks by hash (``allocate`` returns how many prompt tokens are already
-computed) and share them, with reference counts. When a request finishes, its full blocks keep
-their K/V and hash: free, but cached (``○``), in least-recently-used order. A long unrelated
-request then needs more blocks than are plainly free, so the allocator evicts the oldest cached
-blocks; the scene reports which hashes disappeared and whether the next request still hits.
-K/V are a fixed function of each token's prefix, as in a real model, so the step log can check
-that every sequence's K/V read through its table equal a cold computation.
+computed) and share them. A finished request's full blocks keep their K/V and hash: free but
+cached (``○``), in least-recently-used order, until a long unrelated request needs more blocks
+than are plainly free and the allocator evicts the oldest. K/V are a fixed function of each
+token's prefix, so the log can check every table against a cold computation.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Scenes ``fork`` and ``beam``: block sharing with reference counts and copy-on-write.
 
-What they show (vLLM section 4.4), with real K/V arrays written through ``cache_ops``:
+What they show (vLLM section 4.4), with real K/V written through ``cache_ops``:
 
-* ``fork``: parallel sampling. One prompt, three samples: the prompt is allocated once and forked
-  twice, so every prompt block has reference count 3. The first samples to write into the
-  shared, partly filled last block get their own copy (copy-on-write: ``take_copies`` then
-  ``copy_blocks``); the last writer owns the block alone and writes in place. Full prompt
-  blocks stay shared to the end.
-* ``beam``: beam search of width 3 (``sharing.sampling.BeamSearch``) with seeded random scores.
-  Each step keeps the three best candidates: a beam chosen twice is forked, a beam not chosen
-  is freed.
+* ``fork``: parallel sampling. One prompt is allocated once and forked twice, so every prompt
+  block has reference count 3. The first samples to write into the shared, partly filled last
+  block get their own copy (``take_copies`` then ``copy_blocks``); the last writer owns it alone
+  and writes in place. Full prompt blocks stay shared to the end.
+* ``beam``: beam search of width 3 (``sharing.sampling.BeamSearch``) with seeded random scores:
+  a beam chosen twice is forked, a beam not chosen is freed.
 
-After every step the scene reads every sequence's K/V back through its block table and compares
-it, bit for bit, with what was written for that sequence; the step log prints the result.
+After every step each sequence's K/V are read back through its block table and compared, bit
+for bit, with what was written for it.
 """
 
 from __future__ import annotations
