@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minipaged.kit.viz.scene import Event
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 
 VOCAB = (
@@ -133,3 +134,9 @@ class PagedKV:
             if not (np.array_equal(k, wk) and np.array_equal(v, wv)):
                 return False
         return True
+
+    def check(self, seq_ids) -> Event:
+        """The step log's line saying whether ``all_intact(seq_ids)`` holds."""
+        what = "a cold computation" if self.prefix_model else "what was written for it"
+        return Event("check", f"every sequence's K/V, read through its block table, equals "
+                              f"{what}: {self.all_intact(seq_ids)}")

@@ -109,9 +109,7 @@ class PreemptScene(Scene):
                               f"waiting {waiting}.", events)
 
     def _check(self) -> Event:
-        live = [s for s in self.manager.seq_ids if not self.manager.is_swapped(s)]
-        return Event("check", f"K/V read through every block table equal a cold computation: "
-                              f"{self.kv.all_intact(live)}")
+        return self.kv.check([s for s in self.manager.seq_ids if not self.manager.is_swapped(s)])
 
     def _frame(self, caption: str, events: list[Event]) -> Frame:
         lens = {s: f for s, f in self.final.items() if s in self.manager.seq_ids}

@@ -77,8 +77,7 @@ class PrefixScene(Scene):
         if evicted:
             events.append(Event("evict", f"evicted least recently used cached blocks "
                                          f"{blocks_text(evicted)} (their hashes dropped)"))
-        events.append(Event("check", "K/V read through each block table equal a cold "
-                                     f"computation: {self.kv.all_intact(m.seq_ids)}"))
+        events.append(self.kv.check(m.seq_ids))
         caption = (f"{rid} arrives" + (f" ({note})" if note else "") + ": " +
                    (f"{computed} of {len(prompt)} prompt tokens are prefix-cache hits."
                     if computed else "nothing to reuse, every token is computed."))

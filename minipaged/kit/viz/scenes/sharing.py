@@ -36,10 +36,6 @@ class _SharingScene(Scene):
         self.kv = PagedKV(self.manager, rng)
         return rng, self.manager, random_tokens(rng, int(rng.integers(5, 8)))
 
-    def _check(self, seq_ids) -> Event:
-        return Event("check", "every sequence's K/V, read through its block table, equals what "
-                              f"was written for it: {self.kv.all_intact(seq_ids)}")
-
 
 class ForkScene(_SharingScene):
     name = "fork"
@@ -81,7 +77,7 @@ class ForkScene(_SharingScene):
                                                  f"block #{m.block_table(s)[-1]}"))
                 events.append(Event("append", f"{self.labels(s)}: \"{VOCAB[tokens[s]]}\" -> "
                                               f"slot {slots[s]}"))
-            events.append(self._check(samples))
+            events.append(self.kv.check(samples))
             caption = "Each sample appends its own token. " + (
                 f"{len(copies)} copy-on-write copies: the last writer of a shared block keeps "
                 f"it and writes in place." if copies else
@@ -127,7 +123,7 @@ class BeamScene(_SharingScene):
             events += [Event("copy", f"#{src} -> #{dst} (copy-on-write)") for src, dst in copies]
             for s in beam.beams:
                 self.kv.write(s, m.seq_len(s) - 1)
-            events.append(self._check(beam.beams))
+            events.append(self.kv.check(beam.beams))
             forked = len([s for s in beam.beams if s not in old])
             caption = (f"Step {step}: {len(cands)} candidates, the {len(beam.beams)} best survive "
                        f"({forked} forked, {len(dropped)} dropped). Beams share their common "
