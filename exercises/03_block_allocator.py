@@ -11,7 +11,8 @@ Invariants (the grader checks them after every operation):
 - a block is either free (count 0, on the free list) or allocated (count >= 1), never both;
 - num_free_blocks + number of allocated blocks == num_blocks;
 - allocate() never returns a block that is already allocated;
-- a failed call (out of blocks, bad block id) changes nothing.
+- a failed call (out of blocks, bad block id) changes nothing: the grader compares every count
+  before and after each call that must fail.
 """
 
 from __future__ import annotations
@@ -52,18 +53,19 @@ class BlockAllocator:
     def incref(self, block: int) -> None:
         """One more table entry points at an allocated ``block``.
 
-        ValueError when block is out of range or free (you cannot share what nobody owns).
+        ValueError when block is out of range (block < 0 or block >= num_blocks) or free
+        (you cannot share what nobody owns).
         """
         raise NotImplementedError
 
     def free(self, block: int) -> None:
         """One table entry stops pointing at ``block``: decrement; at 0 it becomes free.
 
-        ValueError when block is out of range or already free (a double free is a bug that
-        would hand one block to two sequences later).
+        ValueError when block is out of range (block < 0 or block >= num_blocks) or already
+        free (a double free is a bug that would hand one block to two sequences later).
         """
         raise NotImplementedError
 
     def ref_count(self, block: int) -> int:
-        """The block's reference count (ValueError when out of range)."""
+        """The block's reference count (ValueError when block < 0 or block >= num_blocks)."""
         raise NotImplementedError

@@ -2,8 +2,8 @@
 
 Lesson: lessons/07_*.py (block size and block-table memory).  Check: minipaged check 13
 
-The seed answer's follow-up 1 asks how much the block table costs at 128K tokens and suggests a
-multi-level table, like an operating system's page table. Measure it.
+A common interview follow-up asks how much the block table costs at 128K tokens and suggests
+a multi-level table, like an operating system's page table. Measure it.
 
 Flat table: a batch's tables are one int32 array padded to MB = ceil(max_context / BS)
 entries per sequence, whatever each sequence's true length.

@@ -144,7 +144,10 @@ console.print(t)
 # %% [markdown]
 # ## Where the memory goes
 # The same four categories as lesson 02. Paging has no external fragmentation (any free block
-# serves any sequence) and its internal fragmentation is below one block per sequence.
+# serves any sequence). The unfilled slots of a sequence's last block are *reserved* for tokens
+# it will still produce, and *internal fragmentation* only if it ends before filling them;
+# `usage()` is not told the final lengths here, so it counts them all as internal fragmentation
+# (the worst case, every request ending now): below one block per sequence.
 
 # %%
 u = mgr.usage()

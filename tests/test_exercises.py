@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -99,9 +100,9 @@ def test_cli_exit_codes_and_copy_anywhere(tmp_path):
     assert "Not started yet" in untouched.stdout
     assert "Traceback" not in untouched.stdout + untouched.stderr
     missing = _cli("99")
-    assert missing.returncode == 2 and "no exercise" in missing.stdout
+    assert missing.returncode == 2 and "no exercise" in missing.stderr
     negative = _cli("4", "--timeout", "-1")
-    assert negative.returncode == 2 and "--timeout=-1.0 must be >= 0" in negative.stdout
+    assert negative.returncode == 2 and "--timeout=-1.0 must be >= 0" in negative.stderr
     with pytest.raises(ValueError, match="timeout_s=-1 must be"):
         grade(*resolve("4"), timeout_s=-1)
 
@@ -170,3 +171,108 @@ def test_resolve_rejects_unknown_files(tmp_path):
         resolve(str(stray))
     with pytest.raises(ValueError, match="does not exist"):
         resolve(str(tmp_path / "absent.py"))
+
+
+# ---- wrong solutions the grader must catch, each written here from the reference ------------
+
+def _mutant(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """The reference solution of ``name`` with one deliberate bug (``old`` -> ``new``)."""
+    src = (ROOT / "exercises" / "solutions" / f"{name}.py").read_text()
+    assert src.count(old) == 1, old
+    path = tmp_path / f"wrong_{name}_{abs(hash(new)) % 10**6}.py"
+    path.write_text(src.replace(old, new))
+    return path
+
+
+def _first_failure(path: Path):
+    result = grade(*resolve(str(path)))
+    assert not result.passed and not result.untouched
+    return next(r for r in result.results if r.status != "pass"), _report(result)
+
+
+def _section(text: str, label: str, until: str) -> str:
+    return text.split(f"{label}:", 1)[1].split(until, 1)[0]
+
+
+RANGE_CHECK = "if not 0 <= block < len(self._counts):"
+
+
+def test_allocator_without_a_lower_bound_fails(tmp_path):
+    # free(-1) would free block 3: Python lists accept negative indices.
+    path = _mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
+                   "if not block < len(self._counts):")
+    first, text = _first_failure(path)
+    assert first.name == "block ids out of range are rejected, at both ends"
+    assert "(-1)" in first.detail and "negative indices" in first.hint
+    assert "hint: Python lists accept negative indices" in " ".join(text.split())
+
+
+def test_allocator_with_an_off_by_one_upper_bound_fails(tmp_path):
+    path = _mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
+                   "if not 0 <= block <= len(self._counts):")
+    first, text = _first_failure(path)
+    assert first.name == "block ids out of range are rejected, at both ends"
+    assert "(4) on a pool of 4 blocks" in first.detail
+    assert "IndexError" in _section(text, "got", "hint:")  # the wrong exception is named
+    assert "upper bound is exclusive" in first.hint
+
+
+def test_a_rejected_call_that_changes_state_fails(tmp_path):
+    # free() decrements before it notices the double free: it raises, but the count is -1.
+    error = '            raise ValueError(f"block={block} is already free (double free)")\n'
+    path = _mutant(tmp_path, "03_block_allocator",
+                   "        if self._counts[block] == 0:\n" + error +
+                   "        self._counts[block] -= 1\n",
+                   "        self._counts[block] -= 1\n"
+                   "        if self._counts[block] < 0:\n" + error)
+    first, text = _first_failure(path)
+    assert "the rejected call changed the state" in first.detail
+    assert "a double free must raise ValueError" in first.detail
+    failure = first.failure
+    assert failure.expected == {"ref_counts": [0, 0, 0, 0]}
+    assert failure.got["ref_counts"][0] == -1
+    assert "leave every structure as it was" in first.hint
+
+
+def test_failure_shows_the_value_that_differs(tmp_path):
+    # A spurious copy recorded by a sole owner that still writes in place: the slot is right
+    # (6), the copies are wrong, and the report must show the copies, not the slot twice.
+    path = _mutant(tmp_path, "08_copy_on_write",
+                   "        self.seq_lens[seq_id] = pos + 1\n",
+                   "        elif offset:\n"
+                   "            self.copies.append((table[-1], table[-1]))\n"
+                   "        self.seq_lens[seq_id] = pos + 1\n")
+    first, text = _first_failure(path)
+    assert first.failure.expected == [] and first.failure.got
+    assert first.failure.expected != first.failure.got
+    expected, got = _section(text, "expected", "got:"), _section(text, "got", "hint:")
+    assert expected.strip(" │\n") != got.strip(" │\n")
+    assert "(1, 1)" in got
+
+
+def test_equal_reports_the_first_difference():
+    from minipaged.kit.grader.core import CaseFailure, equal
+
+    with pytest.raises(CaseFailure) as e:
+        equal([1, 2, 3], [1, 5, 3], "lists")
+    assert "index 1" in e.value.message
+    with pytest.raises(CaseFailure) as e:
+        equal({"a": 1, "b": 2}, {"a": 1, "b": 3}, "dicts")
+    assert (e.value.expected, e.value.got) == ({"b": 3}, {"b": 2})
+    big = np.zeros((8, 8))
+    with pytest.raises(CaseFailure) as e:
+        equal(big + np.eye(8)[3:4].T @ np.eye(8)[5:6], big, "arrays")
+    assert "[3, 5]" in e.value.message and (e.value.expected, e.value.got) == (0.0, 1.0)
+    equal(np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), "NaN equals NaN")
+
+
+def test_hints_differ_per_case_and_per_failure(tmp_path):
+    for ex in EXERCISES.values():
+        hints = [c.hint for c in ex.cases]
+        assert all(len(h) > 20 for h in hints), ex.name
+        assert len(set(hints)) == len(hints), f"two cases of {ex.name} share a hint"
+    low = _first_failure(_mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
+                                 "if not block < len(self._counts):"))[0].hint
+    high = _first_failure(_mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
+                                  "if not 0 <= block <= len(self._counts):"))[0].hint
+    assert low != high

@@ -18,10 +18,9 @@ from rich.console import Console
 from minipaged.contiguous.usage import CATEGORIES, KVUsage
 from minipaged.kit.viz.arena import bar_segments, slot_strip, waste_bars
 from minipaged.kit.viz.blocks import block_tables, fill_text, memory_map
-from minipaged.kit.viz.labels import Labels
-from minipaged.kit.viz.palette import CATEGORY_GLYPH, EVENT_TAG, OKABE_ITO, seq_label
+from minipaged.kit.viz.scene import Event, step_log
 from minipaged.kit.viz.state import count_categories, read_arena, read_pool
-from minipaged.kit.viz.steplog import Event, step_log
+from minipaged.kit.viz.style import CATEGORY_GLYPH, EVENT_TAG, OKABE_ITO, Labels, seq_label
 
 
 def text_of(renderable, width: int = 100) -> str:

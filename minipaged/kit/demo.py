@@ -2,7 +2,7 @@
 
 Every picture is drawn from the real managers of this package (``KVCacheManager``,
 ``ContiguousKVCache`` ...) as the scene drives them; nothing is scripted. The scenes live in
-``minipaged/viz/scenes/``; the pictures in ``minipaged/viz/``. This module is the player:
+``kit/viz/scenes/``, the pictures in ``kit/viz/``. This module is the player:
 
 * in a terminal: space or right arrow steps, ``a`` toggles autoplay (``--speed`` seconds a frame),
   ``q`` quits;
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -80,7 +81,7 @@ def layout_width(console: Console, forced: int | None) -> int:
 
 
 def tour(seed: int, width: int, only: str | None = None):
-    """The scenes to play as (scene class, instance) pairs, and the skipped ones with reasons."""
+    """The scenes to play (instances), and the skipped ones as (name, reason) pairs."""
     from minipaged.kit.viz.scenes import SCENES
 
     names = [s.name for s in SCENES]
@@ -88,13 +89,12 @@ def tour(seed: int, width: int, only: str | None = None):
         raise ValueError(f"scene={only!r} is not a scene; expected one of {names}")
     playing, skipped = [], []
     for cls in SCENES:
-        if only is not None and cls.name != only:
-            continue
-        why = cls.missing()
-        if why is None:
-            playing.append(cls(seed=seed, width=width))
-        else:
-            skipped.append((cls.name, why))
+        if only in (None, cls.name):
+            why = cls.missing()
+            if why is None:
+                playing.append(cls(seed=seed, width=width))
+            else:
+                skipped.append((cls.name, why))
     return playing, skipped
 
 
@@ -107,16 +107,15 @@ def all_frames(scenes) -> Iterator[tuple[str, int, int, RenderableType]]:
                                                           title=scene.title)
 
 
-def record(renderable: RenderableType, width: int, path_stem: Path, title: str, *,
-           svg: bool, html: bool) -> None:
-    """Write one frame with rich's recording console (colour kept unless NO_COLOR is set)."""
+def record(renderable: RenderableType, width: int, path: Path, title: str) -> None:
+    """Write one frame as SVG or HTML (by ``path``'s suffix) with rich's recording console."""
     rec = Console(record=True, width=width, file=io.StringIO(), force_terminal=True,
                   color_system="truecolor", legacy_windows=False)
     rec.print(renderable)
-    if svg:
-        rec.save_svg(str(path_stem.with_suffix(".svg")), title=title, clear=False)
-    if html:
-        rec.save_html(str(path_stem.with_suffix(".html")), clear=False)
+    if path.suffix == ".svg":
+        rec.save_svg(str(path), title=title)
+    else:
+        rec.save_html(str(path))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,38 +128,32 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--seed={args.seed} must be >= 0")
         if args.speed <= 0:
             raise ValueError(f"--speed={args.speed} must be > 0 seconds")
-        if not args.list:
-            scenes, skipped = tour(args.seed, width, args.scene)
+        scenes, skipped = tour(args.seed, width, args.scene)
     except ValueError as e:
         Console(stderr=True).print(f"[red]minipaged demo:[/] {e}", highlight=False)
         return 2
     if args.list:
         for cls in SCENES:
             why = cls.missing()
-            console.print(f"{cls.name:<14} {'ready' if why is None else 'not yet: ' + why}")
+            console.print(f"{cls.name:<14} {'ready' if why is None else 'skipped: ' + why}")
         return 0
     if args.scene is not None and not scenes:
-        console.print(f"scene {args.scene!r} cannot play in this checkout: {skipped[0][1]}")
+        console.print(f"scene {args.scene!r} cannot play here: {skipped[0][1]}")
         return 1
     console = Console(width=width)
-    out_dirs = [Path(d) for d in (args.svg, args.html) if d]
-    for d in out_dirs:
+    outputs = [(Path(d), ext) for d, ext in ((args.svg, ".svg"), (args.html, ".html")) if d]
+    for d, _ in outputs:
         d.mkdir(parents=True, exist_ok=True)
-
     frames: Iterator[tuple[str, int, int, RenderableType]] = all_frames(scenes)
     if args.scene is None:
-        frames = _chain(("tour", 0, 0, intro_frame(scenes, skipped, width)), frames)
+        frames = itertools.chain([("tour", 0, 0, intro_frame(scenes, skipped))], frames)
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     autoplay = args.autoplay
     with (_keys() if interactive else _no_keys()) as read_key:
         for index, (name, step, _total, renderable) in enumerate(frames):
-            stem = f"{index:03d}_{name}_{step + 1:02d}"
-            if args.svg:
-                record(renderable, width, Path(args.svg) / stem, f"minipaged demo {name}",
-                       svg=True, html=False)
-            if args.html:
-                record(renderable, width, Path(args.html) / stem, f"minipaged demo {name}",
-                       svg=False, html=True)
+            for d, ext in outputs:
+                record(renderable, width, d / f"{index:03d}_{name}_{step + 1:02d}{ext}",
+                       f"minipaged demo {name}")
             if not interactive:
                 console.print(renderable)
                 console.print()
@@ -175,11 +168,6 @@ def run(args: argparse.Namespace) -> int:
             if key == "a":
                 autoplay = not autoplay
     return 0
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 @contextmanager

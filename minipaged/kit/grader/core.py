@@ -1,19 +1,15 @@
-"""The grading engine: load a learner's file from any path, run hidden cases, report in rich.
+"""The grading engine: load a learner's file from any path, run hidden cases, say what is wrong.
 
-What it teaches: nothing about paging; it is the referee that lets a learner work through
-``exercises/`` alone. Each exercise has a set of hidden cases in ``minipaged/grader/ex_*.py``;
-a case is a plain function that receives the learner's module and raises ``CaseFailure`` (with
-the inputs, the expected and the actual value) when the learner's code is wrong.
-
-The report must help, never frighten:
-- an untouched exercise (``raise NotImplementedError`` still in place) gets a friendly
-  "not started" message naming the functions to write, never a traceback;
-- any other exception in the learner's code is shown as one line (type, message) plus the
-  line of the learner's file where it happened;
-- the first failing case is shown in full: its inputs, expected and actual values, and a hint;
-- a case that runs too long is stopped (on platforms with SIGALRM) instead of hanging.
-
-Read next: ``minipaged/grader/__init__.py`` (the list of exercises and ``minipaged check``).
+A hidden case (``grader/ex_*.py``) is a function of the learner's module that checks it with
+three assertions, each raising ``CaseFailure`` with the inputs, the expected and the actual value:
+``equal(got, want, ...)`` shows exactly the values compared (for sequences and arrays the first
+index that differs, for dicts only the entries that differ); ``rejects(call, kinds, ...,
+state=...)`` wants one of ``kinds`` raised and ``state()``, a snapshot of everything the call
+could touch, unchanged right after; ``expect(condition, ...)`` covers the rest. Each case has
+its own hint and a failure may carry a more precise one, so a hint speaks to what went wrong.
+An untouched exercise (``raise NotImplementedError``) reads as "not started"; any other exception
+is one line plus the learner's line where it happened; a case that runs too long is stopped
+(where SIGALRM exists) instead of hanging.
 """
 
 from __future__ import annotations
@@ -31,38 +27,95 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 
 class CaseFailure(AssertionError):
-    """A hidden case found a wrong answer: carries what a learner needs to reproduce it."""
+    """A hidden case found a wrong answer: what a learner needs to reproduce it, and a hint."""
 
     def __init__(self, message: str, *, inputs: Any = None, expected: Any = None,
-                 got: Any = None) -> None:
+                 got: Any = None, hint: str = "") -> None:
         super().__init__(message)
-        self.message = message
-        self.inputs = inputs
-        self.expected = expected
-        self.got = got
-
-
-class LoadError(Exception):
-    """The learner's file could not be imported (syntax error, import error, ...)."""
-
-
-class CaseTimeout(Exception):
-    """A case ran longer than its time limit (an endless loop in the learner's code?)."""
+        self.message, self.inputs, self.expected, self.got, self.hint = (
+            message, inputs, expected, got, hint)
 
 
 def expect(condition: bool, message: str, *, inputs: Any = None, expected: Any = None,
-           got: Any = None) -> None:
-    """Raise ``CaseFailure`` unless ``condition`` holds (the grader's only assertion)."""
+           got: Any = None, hint: str = "") -> None:
     if not condition:
-        raise CaseFailure(message, inputs=inputs, expected=expected, got=got)
+        raise CaseFailure(message, inputs=inputs, expected=expected, got=got, hint=hint)
+
+
+def _first_difference(got: np.ndarray, want: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first element that differs (NaN equals NaN here), or None."""
+    same = np.asarray(got == want)
+    if got.dtype.kind == want.dtype.kind == "f":
+        same |= np.isnan(got) & np.isnan(want)
+    bad = np.argwhere(~same)
+    return tuple(int(i) for i in bad[0]) if bad.size else None
+
+
+def equal(got: Any, want: Any, message: str, inputs: Any = None, *, hint: str = "") -> None:
+    """``got`` must equal ``want``; a failure shows exactly the values that differ."""
+    if isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
+        g, w = np.asarray(got), np.asarray(want)
+        expect(g.shape == w.shape, f"{message}: wrong shape", inputs=inputs, expected=w.shape,
+               got=g.shape, hint=hint)
+        idx = _first_difference(g, w)
+        if idx is not None:
+            small = w.size <= 32
+            raise CaseFailure(f"{message} (first difference at index {list(idx)})",
+                              inputs=inputs, expected=w if small else w[idx],
+                              got=g if small else g[idx], hint=hint)
+    elif isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
+        diff = [k for k in want if got[k] != want[k]]
+        if diff:
+            raise CaseFailure(f"{message} (only the entries that differ are shown)",
+                              inputs=inputs, expected={k: want[k] for k in diff},
+                              got={k: got[k] for k in diff}, hint=hint)
+    elif isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)) \
+            and len(got) == len(want) and got != want:
+        i = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+        small = len(want) <= 32
+        raise CaseFailure(f"{message} (first difference at index {i})", inputs=inputs,
+                          expected=want if small else want[i], got=got if small else got[i],
+                          hint=hint)
+    else:
+        expect(got == want, message, inputs=inputs, expected=want, got=got, hint=hint)
+
+
+def rejects(call: Callable[[], Any], kinds: type | tuple[type, ...], message: str,
+            inputs: Any = None, *, state: Callable[[], Any] | None = None,
+            hint: str = "") -> None:
+    """``call()`` must raise one of ``kinds``, and ``state()`` must be unchanged by it.
+
+    NotImplementedError passes through, so an untouched function reads as "todo"."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    names = " or ".join(k.__name__ for k in kinds) + " raised"
+    before = state() if state is not None else None
+    try:
+        value = call()
+    except NotImplementedError:
+        raise
+    except kinds:
+        pass
+    except Exception as e:  # noqa: BLE001 - a wrong exception type is a failure to report
+        raise CaseFailure(message, inputs=inputs, expected=names,
+                          got=f"{type(e).__name__}: {e}", hint=hint) from None
+    else:
+        raise CaseFailure(message, inputs=inputs, expected=names,
+                          got=f"no exception; returned {value!r}", hint=hint)
+    if state is not None:
+        equal(state(), before, f"the rejected call changed the state ({message})", inputs,
+              hint="check every argument before changing anything: a call that raises must "
+                   "leave every structure as it was")
 
 
 @dataclass
 class Case:
     name: str
     run: Callable[[ModuleType], None]
+    hint: str
 
 
 @dataclass
@@ -72,17 +125,16 @@ class Exercise:
     name: str                      # e.g. "06_paged_gather": exercises/06_paged_gather.py
     title: str
     functions: tuple[str, ...]     # names the learner's module must define
-    hint: str
     cases: list[Case] = field(default_factory=list)
 
     @property
     def number(self) -> int:
         return int(self.name.split("_", 1)[0])
 
-    def case(self, name: str) -> Callable[[Callable[[ModuleType], None]], Callable]:
-        """Decorator: register a hidden case under a human-readable name."""
+    def case(self, name: str, hint: str) -> Callable[[Callable], Callable]:
+        """Decorator: register a hidden case under a readable name, with its hint."""
         def deco(fn: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
-            self.cases.append(Case(name, fn))
+            self.cases.append(Case(name, fn, hint))
             return fn
         return deco
 
@@ -94,6 +146,7 @@ class CaseResult:
     detail: str = ""
     failure: CaseFailure | None = None
     where: str = ""                # learner file location of an exception, "file:line: code"
+    hint: str = ""
 
 
 @dataclass
@@ -119,38 +172,37 @@ EXERCISE_MARK = re.compile(r'^EXERCISE\s*=\s*["\'](\d\d_[A-Za-z0-9_]+)["\']', re
 def exercise_name_in(path: Path) -> str | None:
     """The ``EXERCISE = "NN_name"`` marker of a file (a copy under any name keeps it)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        m = EXERCISE_MARK.search(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
-    m = EXERCISE_MARK.search(text)
     return m.group(1) if m else None
 
 
 def load_module(path: Path) -> ModuleType:
-    """Import a Python file from any path under a fresh module name, or raise ``LoadError``."""
+    """Import a Python file from any path under a fresh module name; ValueError if it fails."""
     name = f"_minipaged_learner_{path.stem}_{next(_counter)}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise LoadError(f"{path} is not a Python file that can be imported")
+        raise ValueError(f"{path} is not a Python file that can be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module     # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(name, None)
-        raise LoadError(f"syntax error in {path.name} line {e.lineno}: {e.msg}\n"
-                        f"    {(e.text or '').rstrip()}") from None
+        raise ValueError(f"syntax error in {path.name} line {e.lineno}: {e.msg}\n"
+                         f"    {(e.text or '').rstrip()}") from None
     except Exception as e:  # noqa: BLE001 - anything the learner's top level raises
         sys.modules.pop(name, None)
-        raise LoadError(f"importing {path.name} raised {type(e).__name__}: {e}"
-                        f"{_learner_location(e, path)}") from None
+        raise ValueError(f"importing {path.name} raised {type(e).__name__}: {e}"
+                         f"{_learner_location(e, path)}") from None
     return module
 
 
 def _learner_frames(exc: BaseException, path: Path) -> list[traceback.FrameSummary]:
     target = str(path.resolve())
-    frames = traceback.extract_tb(exc.__traceback__)
-    return [f for f in frames if str(Path(f.filename).resolve()) == target]
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if str(Path(f.filename).resolve()) == target]
 
 
 def _learner_location(exc: BaseException, path: Path) -> str:
@@ -161,12 +213,15 @@ def _learner_location(exc: BaseException, path: Path) -> str:
     return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}"
 
 
+class CaseTimeout(Exception):
+    """A case ran longer than its time limit (an endless loop in the learner's code?)."""
+
+
 def _with_timeout(fn: Callable[[], None], seconds: float) -> None:
-    """Run ``fn``; raise ``CaseTimeout`` after ``seconds`` where SIGALRM exists (Unix, main thread).
-    Elsewhere the case simply runs to completion."""
-    usable = (hasattr(signal, "SIGALRM") and seconds > 0
-              and threading.current_thread() is threading.main_thread())
-    if not usable:
+    """Run ``fn``; raise ``CaseTimeout`` after ``seconds`` where SIGALRM exists (Unix, main
+    thread). Elsewhere the case simply runs to completion."""
+    if not (hasattr(signal, "SIGALRM") and seconds > 0
+            and threading.current_thread() is threading.main_thread()):
         fn()
         return
 
@@ -190,13 +245,13 @@ def run_case(case: Case, module: ModuleType, path: Path, timeout_s: float) -> Ca
         func = frames[-1].name if frames else "?"
         return CaseResult(case.name, "todo", f"{func}() still raises NotImplementedError")
     except CaseFailure as e:
-        return CaseResult(case.name, "fail", e.message, failure=e)
+        return CaseResult(case.name, "fail", e.message, failure=e, hint=e.hint or case.hint)
     except CaseTimeout as e:
-        return CaseResult(case.name, "timeout", f"{e} (an endless loop?)")
+        return CaseResult(case.name, "timeout", f"{e} (an endless loop?)", hint=case.hint)
     except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
         msg = str(e).splitlines()[0][:300] if str(e) else ""
         return CaseResult(case.name, "error", f"{type(e).__name__}: {msg}",
-                          where=_learner_location(e, path).strip())
+                          where=_learner_location(e, path).strip(), hint=case.hint)
     return CaseResult(case.name, "pass")
 
 
@@ -209,35 +264,12 @@ def grade(exercise: Exercise, path: Path, *, timeout_s: float = 20.0) -> GradeRe
     path = Path(path)
     try:
         module = load_module(path)
-    except LoadError as e:
+    except ValueError as e:
         return GradeResult(exercise, path, [], load_error=str(e))
     missing = [f for f in exercise.functions if not hasattr(module, f)]
     if missing:
         return GradeResult(exercise, path, [], load_error=(
             f"{path.name} does not define {', '.join(missing)}; is it exercise "
             f"{exercise.name}? (its EXERCISE marker or file name says so)"))
-    results = [run_case(c, module, path, timeout_s) for c in exercise.cases]
-    return GradeResult(exercise, path, results)
-
-
-def expect_raises(call: Callable[[], Any], kinds: type | tuple[type, ...], message: str, *,
-                  inputs: Any = None) -> None:
-    """The learner's code must reject bad input with one of ``kinds`` (e.g. ValueError).
-
-    NotImplementedError passes through, so an untouched function reads as "todo"."""
-    try:
-        value = call()
-    except NotImplementedError:
-        raise
-    except kinds:
-        return
-    except Exception as e:  # noqa: BLE001 - a wrong exception type is a failure to report
-        raise CaseFailure(message, inputs=inputs, expected=_names(kinds),
-                          got=f"{type(e).__name__}: {e}") from None
-    raise CaseFailure(message, inputs=inputs, expected=_names(kinds),
-                      got=f"no exception; returned {value!r}")
-
-
-def _names(kinds: type | tuple[type, ...]) -> str:
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    return " or ".join(k.__name__ for k in kinds) + " raised"
+    return GradeResult(exercise, path, [run_case(c, module, path, timeout_s)
+                                        for c in exercise.cases])

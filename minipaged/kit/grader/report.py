@@ -1,4 +1,4 @@
-"""Print a grading result in rich: a table of cases, the first failure in full, and a hint.
+"""Print a grading result in rich: a table of cases, the first failure in full, and its hint.
 
 Every status has a word and a glyph as well as a colour, so the report reads the same on a
 monochrome projector or with ``NO_COLOR`` set.
@@ -24,20 +24,19 @@ STATUS = {
 }
 
 
-def _show(value: object) -> object:
-    """Small arrays in full, big ones summarised: the learner needs to see the numbers."""
+def _show(value: object):
+    """Small arrays in full, big ones summarised; a dict one line per entry."""
     if isinstance(value, np.ndarray):
         with np.printoptions(precision=6, threshold=80, edgeitems=4, linewidth=90):
-            body = np.array2string(value)
-        return Text(f"array shape={value.shape} dtype={value.dtype}\n{body}")
+            return Text(f"array shape={value.shape} dtype={value.dtype}\n"
+                        f"{np.array2string(value)}")
     if isinstance(value, dict):
         rows = []
         for k, v in value.items():
             shown = _show(v)
             if isinstance(shown, Text) and "\n" not in shown.plain:
                 rows.append(Text.assemble((f"{k} = ", "bold"), shown))
-            elif isinstance(v, (int, float, str, tuple, type(None))) or (
-                    isinstance(v, list) and len(repr(v)) < 70):
+            elif not isinstance(v, (np.ndarray, dict)) and len(repr(v)) < 70:
                 rows.append(Text.assemble((f"{k} = ", "bold"), repr(v)))
             else:
                 rows.append(Group(Text(f"{k} =", style="bold"), shown))
@@ -63,20 +62,16 @@ def print_report(result: GradeResult, console: Console | None = None) -> None:
             f"Each docstring states the task, the shapes, the invariants and a hint.\n"
             f"Then run: minipaged check {result.path}"),
             title="… nothing to grade yet", border_style="yellow"))
-        console.print(Text.assemble(("hint: ", "bold"), ex.hint))
         return
 
     table = Table(show_header=True, header_style="bold", expand=False)
-    table.add_column("#", justify="right")
-    table.add_column("case")
-    table.add_column("result")
-    table.add_column("detail", overflow="fold", max_width=60)
+    for col in ("#", "case", "result", "detail"):
+        table.add_column(col, justify="right" if col == "#" else "left",
+                         overflow="fold", max_width=60 if col == "detail" else None)
     for i, r in enumerate(result.results, 1):
         word, colour = STATUS[r.status]
         table.add_row(str(i), Text(r.name), Text(word, style=colour), Text(r.detail))
     console.print(table)
-
-    passed = sum(r.status == "pass" for r in result.results)
     total = len(result.results)
     if result.passed:
         console.print(f"[green bold]✓ all {total} cases pass.[/] Compare with "
@@ -91,9 +86,9 @@ def print_report(result: GradeResult, console: Console | None = None) -> None:
     if f is not None:
         for label, value in (("inputs", f.inputs), ("expected", f.expected), ("got", f.got)):
             if value is not None:
-                parts.append(Text(f"\n{label}:", style="bold underline"))
-                parts.append(_show(value))
+                parts += [Text(f"\n{label}:", style="bold underline"), _show(value)]
     console.print(Panel(Group(*parts), title="first case that does not pass",
                         border_style="red"))
-    console.print(Text.assemble(("hint: ", "bold"), ex.hint))
-    console.print(f"{passed}/{total} cases pass.")
+    if first.hint:
+        console.print(Text.assemble(("hint: ", "bold"), first.hint))
+    console.print(f"{sum(r.status == 'pass' for r in result.results)}/{total} cases pass.")

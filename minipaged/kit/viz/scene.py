@@ -1,36 +1,60 @@
-"""Scenes and frames: how the demo is put together.
+"""Scenes, frames and the step log: how the demo is put together.
 
 A ``Scene`` drives real managers (``KVCacheManager``, ``ContiguousKVCache`` ...) step by step and
 yields a ``Frame`` after each step. A frame carries the picture (drawn from views read out of the
-managers at that moment, ``viz/state.py``), the step log, and the views themselves, so a test can
-stop at any frame and check that the picture matches the managers (``tests/test_demo*.py``).
-
-A scene declares the manager features it needs (``needs``); ``available()`` probes for them, and
-a scene whose features do not exist in this checkout is left out of the tour rather than faked.
-The player (``minipaged/demo.py``) shows frames, waits for keys, and records them.
+managers at that moment, ``state.py``), the step log (one ``Event`` per thing the scene asked a
+manager to do, with the answer it got), and the views themselves, so a test can pause at any
+frame and check the picture against the live managers (``tests/test_demo_consistency.py``).
+The player (``kit/demo.py``) shows frames, waits for keys and records them.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Group, RenderableType
 from rich.rule import Rule
+from rich.table import Table
 from rich.text import Text
 
-from minipaged.kit.viz.palette import HEADING_STYLE, NOTE_STYLE
-from minipaged.kit.viz.steplog import Event, step_log
+from minipaged.kit.viz.blocks import block_tables, memory_map
+from minipaged.kit.viz.state import PoolView, read_pool
+from minipaged.kit.viz.style import EVENT_TAG, HEADING_STYLE, NOTE_STYLE, Labels
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # one of style.EVENT_TAG
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_TAG:
+            raise ValueError(f"event kind={self.kind!r} is not one of {sorted(EVENT_TAG)}")
+
+
+def step_log(events: Sequence[Event], *, title: str = "this step",
+             limit: int = 8) -> RenderableType:
+    """The events, oldest first; beyond ``limit`` lines the rest are counted, not listed."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, min_width=9)
+    grid.add_column()
+    for e in events[:limit]:
+        tag, colour = EVENT_TAG[e.kind]
+        grid.add_row(Text(tag, style=f"bold {colour}"), Text(e.text))
+    if len(events) > limit:
+        grid.add_row(Text(""), Text(f"... and {len(events) - limit} more", NOTE_STYLE))
+    if not events:
+        grid.add_row(Text(""), Text("(nothing new)", NOTE_STYLE))
+    return Group(Text(title, HEADING_STYLE), grid)
 
 
 @dataclass
 class Frame:
-    """One picture of a scene. ``views`` holds every view drawn in it, by name."""
+    """One picture of a scene. ``views`` holds every view drawn in it, by manager name."""
 
     scene: str
-    step: int
-    caption: str  # one sentence a teacher could read aloud
+    caption: str  # what a teacher could read aloud; every number in it is read from a manager
     body: RenderableType
     events: list[Event] = field(default_factory=list)
     views: dict[str, object] = field(default_factory=dict)
@@ -39,161 +63,65 @@ class Frame:
     def renderable(self, *, index: int | None = None, total: int | None = None,
                    title: str = "") -> RenderableType:
         """The whole picture: a title rule with the frame counter, caption, body, step log."""
-        step = "" if index is None else f"frame {index + 1}" + (f"/{total}" if total else "")
-        head = Rule(Text.assemble((title or self.scene, HEADING_STYLE),
-                                  f"  ·  {step}" if step else ""), align="left")
+        step = "" if index is None else f"  ·  frame {index + 1}" + (f"/{total}" if total else "")
+        head = Rule(Text.assemble((title or self.scene, HEADING_STYLE), step), align="left")
         return Group(head, Text(self.caption), Text(""), self.body, Text(""),
                      step_log(self.events, title=self.log_title))
 
 
-def _probe_core() -> str | None:
-    try:
-        importlib.import_module("minipaged.paged.block_manager").KVCacheManager  # noqa: B018
-    except (ImportError, AttributeError) as e:
-        return f"the paged cache (KVCacheManager) is not there yet: {e}"
-    return None
-
-
-def _probe_contiguous() -> str | None:
-    try:
-        importlib.import_module("minipaged.contiguous.cache").ContiguousKVCache  # noqa: B018
-    except (ImportError, AttributeError) as e:
-        return f"the contiguous cache (minipaged.contiguous.ContiguousKVCache) is missing: {e}"
-    return None
-
-
-def _probe_attention() -> str | None:
-    try:
-        import numpy as np
-
-        paged = importlib.import_module("minipaged.paged.paged_attention").paged_attention
-        dense = importlib.import_module("minipaged.attention").dense_attention
-        importlib.import_module("minipaged.paged.cache_ops").reshape_and_cache  # noqa: B018
-        q = np.ones((1, 1, 2), np.float32)  # [S, H, D]
-        cache = np.ones((1, 1, 2, 2), np.float32)  # [NB, Hkv, BS, D]
-        paged(q, cache, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32))
-        dense(q, cache[0, :, :1].transpose(1, 0, 2), cache[0, :, :1].transpose(1, 0, 2))
-    except (ImportError, AttributeError, NotImplementedError) as e:
-        return f"paged attention is not there yet: {e!r}"
-    return None
-
-
-def _probe_fork() -> str | None:
-    if (msg := _probe_core()) is not None:
-        return msg
-    from minipaged.paged.block_manager import KVCacheManager
-
-    try:
-        m = KVCacheManager(4, 2)
-        m.allocate(0, [1, 2, 3])
-        m.fork(0, 1)
-        m.append_slot(1, 4)
-        m.take_copies()
-    except (AttributeError, NotImplementedError) as e:
-        return f"KVCacheManager.fork / take_copies do not work yet: {e!r}"
-    return None
-
-
-def _probe_prefix() -> str | None:
-    if (msg := _probe_core()) is not None:
-        return msg
-    from minipaged.paged.block_manager import KVCacheManager
-
-    try:
-        m = KVCacheManager(8, 2, enable_prefix_caching=True)
-        m.allocate(0, [1, 2, 3, 4, 5])
-        m.free(0)
-        hit = m.allocate(1, [1, 2, 3, 4, 6])
-    except (TypeError, AttributeError, NotImplementedError) as e:
-        return f"KVCacheManager(enable_prefix_caching=True) does not work yet: {e!r}"
-    if hit != 4:
-        return f"prefix caching reported {hit} cached tokens where 4 were expected"
-    return None
-
-
-def _probe_swap() -> str | None:
-    if (msg := _probe_core()) is not None:
-        return msg
-    from minipaged.paged.block_manager import KVCacheManager
-
-    try:
-        m = KVCacheManager(8, 2, num_cpu_blocks=4)
-        m.allocate(0, [1, 2, 3])
-        m.swap_out([0])
-        m.swap_in([0])
-    except (TypeError, AttributeError, NotImplementedError) as e:
-        return f"KVCacheManager.swap_out / swap_in do not work yet: {e!r}"
-    return None
-
-
-def _probe_model() -> str | None:
-    """The tiny trained model and its paged engine: torch (an optional dependency) and the
-    shipped checkpoint. torch is imported for real, so a broken install is reported here, not
-    halfway through a scene."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install torch); this scene runs the tiny model"
-    try:
-        importlib.import_module("minipaged.model.engine").LLM  # noqa: B018
-        ckpt = importlib.import_module("minipaged.model.checkpoint").DEFAULT_CHECKPOINT
-    except (ImportError, AttributeError, OSError) as e:
-        return f"the model engine (minipaged.model.engine.LLM) cannot be imported: {e!r}"
-    if not ckpt.exists():
-        return f"the model checkpoint {ckpt.name} is missing (python -m minipaged.model.train)"
-    return None
-
-
-PROBES: dict[str, Callable[[], str | None]] = {
-    "core": _probe_core,
-    "contiguous": _probe_contiguous,
-    "attention": _probe_attention,
-    "fork": _probe_fork,
-    "prefix": _probe_prefix,
-    "swap": _probe_swap,
-    "model": _probe_model,
-}
-
-
 class Scene:
-    """Base class: subclasses set ``name``, ``title``, ``summary``, ``needs`` and ``frames``."""
+    """Base class: subclasses set ``name``, ``title``, ``summary`` and write ``frames``. Most
+    scenes drive one ``KVCacheManager``, ``self.manager``, drawn with ``pool_frame``."""
 
-    name = ""
-    title = ""
-    summary = ""
-    needs: tuple[str, ...] = ("core",)
+    name = title = summary = ""
+    log_title = "this step"
 
     def __init__(self, *, seed: int = 0, width: int = 100) -> None:
         if not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be an integer >= 0")
         if not isinstance(width, int) or width < 60:
             raise ValueError(f"width={width!r} must be an integer >= 60 (columns)")
-        self.seed = seed
-        self.width = width
+        self.seed, self.width = seed, width
+        self.labels = Labels()
 
     @classmethod
     def missing(cls) -> str | None:
-        """Why this scene cannot run in this checkout, or None when it can."""
-        for need in cls.needs:
-            msg = PROBES[need]()
-            if msg is not None:
-                return msg
+        """Why this scene cannot run here (an optional dependency is absent), or None."""
         return None
 
     def frames(self) -> Iterator[Frame]:
         raise NotImplementedError
 
     def managers(self) -> dict[str, object]:
-        """The live managers, under the same names as the views drawn from them in each frame
-        (so a test can pause at a frame and compare the two)."""
-        raise NotImplementedError
+        """The live managers, under the names of the views drawn from them in each frame."""
+        return {"pool": self.manager}
 
-    log_title = "this step"
-
-    def frame(self, step: int, caption: str, body: RenderableType, events: list[Event],
+    def frame(self, caption: str, body: RenderableType, events: Sequence[Event],
               **views: object) -> Frame:
-        return Frame(self.name, step, caption, body, list(events), dict(views), self.log_title)
+        return Frame(self.name, caption, body, list(events), dict(views), self.log_title)
+
+    def pool_frame(self, caption: str, events: Sequence[Event], *extra: RenderableType,
+                   view: PoolView | None = None, vocab: Sequence[str] | None = None,
+                   joiner: str = " ", final_lens=None, highlight: Sequence[int] = (),
+                   copies=()) -> Frame:
+        """Block tables over the memory map of ``self.manager`` (or of ``view``), then ``extra``;
+        with more than one sequence, how many blocks sharing saves."""
+        view = read_pool(self.manager, copies=copies) if view is None else view
+        parts = [block_tables(view, self.labels, vocab=vocab, width=self.width,
+                              final_lens=final_lens, joiner=joiner), Text(""),
+                 memory_map(view, self.labels, width=self.width, highlight=highlight)]
+        if len(view.tables) > 1 and (saving := sharing_saving(view)):
+            parts += [Text(""), Text(saving, NOTE_STYLE)]
+        for e in extra:
+            parts += [Text(""), e]
+        return self.frame(caption, Group(*parts), events, pool=view)
 
 
-def note(text: str) -> Text:
-    return Text(text, NOTE_STYLE)
+def sharing_saving(view: PoolView) -> str:
+    """"n sequences hold d distinct blocks; without sharing ...", or "" when nothing is shared."""
+    distinct = len({b for t in view.tables for b in t.blocks})
+    alone = sum(len(t.blocks) for t in view.tables)
+    if distinct == alone:
+        return ""
+    return (f"{len(view.tables)} sequences hold {distinct} distinct blocks; without sharing they "
+            f"would hold {alone}: {100 * (alone - distinct) / alone:.0f}% saved")

@@ -1,13 +1,16 @@
 """What a picture shows, read from the managers' own state: the demo's rule against lying.
 
-Every picture of the demo is drawn from a *view*: a frozen snapshot read out of the real
-``KVCacheManager`` or ``ContiguousKVCache`` through their public methods, at the moment the
-frame is made. Nothing in a picture comes from what a scene *expected* to happen. The tests
-(``tests/test_demo_consistency.py``) re-read the managers at every frame of every scene and
-check that each view says exactly what the manager says (owners, reference counts, free counts,
-usage), and ``tests/test_viz.py`` parses the drawn text back and checks it says what the view says.
+Every picture of the demo is drawn from a *view*: a frozen snapshot read out of a real
+``KVCacheManager`` or ``ContiguousKVCache`` through their public methods, at the moment the frame
+is made. Nothing in a picture comes from what a scene *expected* to happen.
+``tests/test_demo_consistency.py`` re-reads the managers at every frame of every scene and checks
+each view against them; ``tests/test_viz.py`` parses the drawn text back and checks it against
+the view. Views are plain data, so the drawing code (``blocks.py``, ``arena.py``) never touches
+a manager.
 
-Views are plain data, so the renderables in ``blocks.py`` / ``arena.py`` never touch a manager.
+The slot categories are the paper's (Fig. 2, ``contiguous/usage.py``), one definition for both
+caches: *reserved* slots are set aside for tokens the request will still produce; *internal
+fragmentation* is set aside but will never be used (beyond the request's final length).
 """
 
 from __future__ import annotations
@@ -15,7 +18,18 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from minipaged.contiguous.buddy import next_pow2
 from minipaged.contiguous.usage import CATEGORIES, KVUsage
+
+Slots = list[tuple[str, Hashable | None]]  # one (category, owning seq_id) per slot
+
+
+def _category(pos: int, num_tokens: int, final_len: int | None) -> str:
+    if pos < num_tokens:
+        return "token"
+    if final_len is not None and pos < final_len:
+        return "reserved"
+    return "internal_fragmentation"
 
 
 @dataclass(frozen=True)
@@ -30,12 +44,9 @@ class TableView:
 
 @dataclass(frozen=True)
 class BlockView:
-    """One physical block of the pool.
-
-    state: "used" (in at least one block table), "cached" (free, but still findable by its
-    hash in the prefix cache), "held" (in no table but not free: kept as the source of a
-    copy-on-write not yet taken) or "free".
-    """
+    """One physical block. state: "used" (in a block table), "cached" (free, but findable by its
+    hash in the prefix cache), "held" (in no table but not free: the source of a copy-on-write
+    not yet taken) or "free"."""
 
     block: int
     state: str
@@ -54,99 +65,53 @@ class PoolView:
     num_free: int  # as the manager reports it (num_free_blocks)
     blocks: tuple[BlockView, ...]
     tables: tuple[TableView, ...]
-    swapped: tuple[TableView, ...] = ()  # sequences whose blocks sit in the CPU pool
+    swapped: tuple[TableView, ...] = ()  # sequences in the CPU pool, with their CPU blocks
     copies: tuple[tuple[int, int], ...] = ()
 
-    def table(self, seq_id: Hashable) -> TableView:
-        for t in self.tables:
-            if t.seq_id == seq_id:
-                return t
-        raise KeyError(f"seq_id={seq_id!r} has no block table in this view")
-
-    def slot_categories(self, final_lens: Mapping[Hashable, int] | None = None
-                        ) -> list[tuple[str, Hashable | None]]:
-        """Each of the NB * BS slots as (category, owning seq_id), the way ``usage`` counts them.
-
-        A slot of an owned block is "token" below the sequence's length, "reserved" below its
-        final length, and "internal_fragmentation" beyond it. A shared block belongs to its first
-        owner here (the memory is counted once). A paged pool has no external fragmentation."""
+    def slot_categories(self, final_lens: Mapping[Hashable, int] | None = None) -> Slots:
+        """Each of the NB * BS slots as (category, owner), the way the manager's ``usage`` counts:
+        the unfilled tail of a last block is reserved up to the final length and internal
+        fragmentation beyond it. A shared block is drawn once, for its first owner."""
         bs = self.block_size
-        slots: list[tuple[str, Hashable | None]] = [("free", None)] * (self.num_blocks * bs)
+        slots: Slots = [("free", None)] * (self.num_blocks * bs)
         for t in self.tables:
             final = None if final_lens is None else final_lens.get(t.seq_id)
             for i, b in enumerate(t.blocks):
-                if slots[b * bs][1] is not None:
-                    continue  # shared block, already drawn for an earlier owner
-                for off in range(bs):
-                    pos = i * bs + off
-                    if pos < t.seq_len:
-                        cat = "token"
-                    elif final is not None and pos < final:
-                        cat = "reserved"
-                    else:
-                        cat = "internal_fragmentation"
-                    slots[b * bs + off] = (cat, t.seq_id)
+                if slots[b * bs][1] is None:
+                    for off in range(bs):
+                        slots[b * bs + off] = (_category(i * bs + off, t.seq_len, final),
+                                               t.seq_id)
         return slots
 
 
-def _cached_blocks(manager: object) -> set[int]:
-    """Free blocks that still carry a prefix-cache hash (prefix caching only): reference count 0
-    and a hash the allocator still remembers, so a later prompt can hit them."""
-    alloc = getattr(manager, "allocator", None)
-    block_hash = getattr(alloc, "block_hash", None)
-    if not callable(block_hash):
-        return set()
-    return {b for b in range(manager.num_blocks)
-            if manager.ref_count(b) == 0 and block_hash(b) is not None}
-
-
 def read_pool(manager, *, copies: Iterable[tuple[int, int]] = ()) -> PoolView:
-    """Snapshot a ``KVCacheManager`` through its public methods.
-
-    ``copies`` are the copy-on-write pairs the scene took with ``take_copies()`` this step (they
-    are gone from the manager once taken, so the scene hands them over). Sequences swapped out
-    to the CPU pool (``swapped_seq_ids``) are listed apart, with their CPU block tables."""
-    swapped = tuple(getattr(manager, "swapped_seq_ids", ()))
-    swapped_set = set(swapped)
-    bs = manager.block_size
-    tables = []
-    for seq_id in manager.seq_ids:
-        if seq_id in swapped_set:
-            continue
-        tables.append(TableView(seq_id, tuple(manager.block_table(seq_id)),
-                                manager.seq_len(seq_id), tuple(manager.token_ids(seq_id))))
+    """Snapshot a ``KVCacheManager`` through its public methods. ``copies``: the copy-on-write
+    pairs the scene took with ``take_copies()`` this step (gone from the manager once taken)."""
+    bs, copies = manager.block_size, tuple(copies)
+    swapped = set(manager.swapped_seq_ids)
+    tables = tuple(TableView(s, tuple(manager.block_table(s)), manager.seq_len(s),
+                             tuple(manager.token_ids(s)))
+                   for s in manager.seq_ids if s not in swapped)
     owners: dict[int, list[Hashable]] = {}
     filled: dict[int, int] = {}
     for t in tables:
         for i, b in enumerate(t.blocks):
             owners.setdefault(b, []).append(t.seq_id)
             filled[b] = max(filled.get(b, 0), min(bs, t.seq_len - i * bs))
+    cached_blocks = getattr(manager.allocator, "cached_blocks", None)  # prefix caching only
+    cached = set(cached_blocks().values()) if cached_blocks else set()
     copy_src = {dst: src for src, dst in copies}
-    cached = _cached_blocks(manager)
     blocks = []
     for b in range(manager.num_blocks):
-        if b in owners:
-            state = "used"
-        elif manager.ref_count(b) > 0:
-            state = "held"
-        elif b in cached:
-            state = "cached"
-        else:
-            state = "free"
-        # A cached block is always full: only full blocks get a hash.
-        fill = bs if state == "cached" else filled.get(b, 0)
-        blocks.append(BlockView(b, state, tuple(owners.get(b, ())), manager.ref_count(b),
-                                fill, copy_src.get(b)))
-    swapped_views = tuple(
-        TableView(s, tuple(_cpu_table(manager, s)), manager.seq_len(s),
-                  tuple(manager.token_ids(s)))
-        for s in swapped)
-    return PoolView(manager.num_blocks, bs, manager.num_free_blocks, tuple(blocks),
-                    tuple(tables), swapped_views, tuple(copies))
-
-
-def _cpu_table(manager, seq_id: Hashable) -> list[int]:
-    return list(manager.cpu_block_table(seq_id))
+        ref = manager.ref_count(b)
+        state = ("used" if b in owners else "held" if ref > 0 else
+                 "cached" if b in cached else "free")
+        fill = bs if state == "cached" else filled.get(b, 0)  # only full blocks get a hash
+        blocks.append(BlockView(b, state, tuple(owners.get(b, ())), ref, fill, copy_src.get(b)))
+    swapped_views = tuple(TableView(s, tuple(manager.cpu_block_table(s)), manager.seq_len(s),
+                                    tuple(manager.token_ids(s))) for s in manager.swapped_seq_ids)
+    return PoolView(manager.num_blocks, bs, manager.num_free_blocks, tuple(blocks), tables,
+                    swapped_views, copies)
 
 
 @dataclass(frozen=True)
@@ -155,8 +120,7 @@ class Reservation:
 
     seq_id: Hashable
     offset: int
-    held: int  # slots the buddy allocator holds for it (>= size)
-    size: int  # slots the policy reserved
+    held: int  # slots the buddy allocator holds for it (>= the policy's reservation)
     num_tokens: int  # tokens written so far
     final_len: int  # the request's final length
 
@@ -164,9 +128,7 @@ class Reservation:
 @dataclass(frozen=True)
 class ArenaView:
     """A ``ContiguousKVCache``: its reservations, its free buddy blocks and its own usage report.
-
-    ``need`` is the region size the cache's ``usage(need)`` was asked about: free blocks too small
-    to hold a region of that size are external fragmentation."""
+    ``need``: the region size ``usage(need)`` was asked about (the next waiting request's)."""
 
     policy: str
     num_slots: int
@@ -175,26 +137,18 @@ class ArenaView:
     free_blocks: tuple[tuple[int, int], ...]  # (offset, slots)
     usage: KVUsage
 
-    def slot_categories(self) -> list[tuple[str, Hashable | None]]:
-        """Each slot as (category, owning seq_id), the way ``ContiguousKVCache.usage`` counts:
-        in a region, token below num_tokens, reserved below final_len, internal fragmentation
-        up to what the allocator holds; a free slot is external fragmentation when its free
-        block is smaller than the buddy block a region of ``need`` slots must be cut from."""
-        slots: list[tuple[str, Hashable | None]] = [("free", None)] * self.num_slots
+    def slot_categories(self) -> Slots:
+        """Each slot as (category, owner), the way ``ContiguousKVCache.usage`` counts: in a
+        region, token / reserved / internal fragmentation by position; a free slot is external
+        fragmentation when its free buddy block is smaller than the aligned power-of-two block
+        a region of ``need`` slots must be cut from (``contiguous/buddy.py``)."""
+        slots: Slots = [("free", None)] * self.num_slots
         for r in self.reservations:
             for i in range(r.held):
-                if i < r.num_tokens:
-                    cat = "token"
-                elif i < r.final_len:
-                    cat = "reserved"
-                else:
-                    cat = "internal_fragmentation"
-                slots[r.offset + i] = (cat, r.seq_id)
-        smallest_usable = 1 << max(0, self.need - 1).bit_length()  # next power of two of need
+                slots[r.offset + i] = (_category(i, r.num_tokens, r.final_len), r.seq_id)
         for off, n in self.free_blocks:
-            if n < smallest_usable:
-                for i in range(off, off + n):
-                    slots[i] = ("external_fragmentation", None)
+            if n < next_pow2(self.need):
+                slots[off:off + n] = [("external_fragmentation", None)] * n
         return slots
 
 
@@ -203,7 +157,7 @@ def read_arena(cache, need: int | None = None) -> ArenaView:
     rs = []
     for s in cache.seq_ids:
         r = cache.reservation(s)
-        rs.append(Reservation(s, r.offset, r.held, r.size, r.num_tokens, r.final_len))
+        rs.append(Reservation(s, r.offset, r.held, r.num_tokens, r.final_len))
     need = cache.max_seq_len if need is None else need
     return ArenaView(cache.policy, cache.num_slots, need, tuple(rs),
                      tuple(cache.allocator.free_blocks()), cache.usage(need))

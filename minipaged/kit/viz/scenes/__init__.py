@@ -1,9 +1,8 @@
 """The demo's scenes, in tour order, and the tour's opening frame.
 
 Each scene is a module of this package (one idea each); ``SCENES`` is the order ``minipaged demo``
-plays them in. A scene whose manager features are missing from this checkout (or, for ``model``,
-torch, an optional dependency) is skipped, with the reason shown on the opening frame
-(``Scene.missing``), never imitated.
+plays them in. A scene that needs an optional dependency this machine lacks (``model`` needs
+torch) is skipped, with the reason shown on the opening frame (``Scene.missing``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from minipaged.kit.viz.palette import HEADING_STYLE, NOTE_STYLE
 from minipaged.kit.viz.scene import Scene
 from minipaged.kit.viz.scenes.attention import AttentionScene
 from minipaged.kit.viz.scenes.fragmentation import FragmentationScene
@@ -22,22 +20,14 @@ from minipaged.kit.viz.scenes.paging import PagingScene
 from minipaged.kit.viz.scenes.preempt import PreemptScene
 from minipaged.kit.viz.scenes.prefix import PrefixScene
 from minipaged.kit.viz.scenes.sharing import BeamScene, ForkScene
+from minipaged.kit.viz.style import HEADING_STYLE, NOTE_STYLE
 
-SCENES: tuple[type[Scene], ...] = (
-    FragmentationScene,
-    PagingScene,
-    ForkScene,
-    BeamScene,
-    PrefixScene,
-    PreemptScene,
-    AttentionScene,
-    ModelScene,
-)
+SCENES: tuple[type[Scene], ...] = (FragmentationScene, PagingScene, ForkScene, BeamScene,
+                                   PrefixScene, PreemptScene, AttentionScene, ModelScene)
 
 
-def intro_frame(scenes: list[Scene], skipped: list[tuple[str, str]],
-                width: int) -> RenderableType:
-    """The tour's first picture: what is coming, and what this checkout cannot show yet."""
+def intro_frame(scenes: list[Scene], skipped: list[tuple[str, str]]) -> RenderableType:
+    """The tour's first picture: what is coming, and what this machine cannot show."""
     table = Table(box=None, padding=(0, 2), show_header=False)
     table.add_column(no_wrap=True)
     table.add_column()
@@ -47,12 +37,9 @@ def intro_frame(scenes: list[Scene], skipped: list[tuple[str, str]],
         Rule(Text("minipaged demo: a paged KV cache at work", HEADING_STYLE), align="left"),
         Text("Every picture is drawn from the real cache managers of this package as the scene "
              "drives them. Letters name sequences; every colour also has a letter or a glyph."),
-        Text(""),
-        table,
-    ]
+        Text(""), table]
     if skipped:
         parts += [Text(""), Text("not in this tour (what they need is missing here):",
                                  NOTE_STYLE)]
-        for name, why in skipped:
-            parts.append(Text(f"  {name}: {why}", NOTE_STYLE))
+        parts += [Text(f"  {name}: {why}", NOTE_STYLE) for name, why in skipped]
     return Group(*parts)

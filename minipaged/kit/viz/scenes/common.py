@@ -1,8 +1,9 @@
-"""What the scenes share: a toy vocabulary, seeded random requests, and small formatting helpers.
+"""What the scenes share: a toy vocabulary, seeded random requests, real K/V beside a manager.
 
-No model runs in these scenes, so the "tokens" are ids drawn at random (from ``--seed``) and shown
-through a toy vocabulary of short words: the point is where each token's K/V lives, not what the
-words mean. The K/V values written into caches are random too, and real: attention reads them.
+No model runs in these scenes (but ``model``), so the "tokens" are ids drawn from ``--seed`` and
+shown through a toy vocabulary of short words: the point is where each token's K/V lives, not
+what the words mean. The K/V written into the caches are random numbers too, and real:
+attention reads them, and the scenes read them back through the block tables.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from minipaged.kit.viz.scene import Event
+from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 
 VOCAB = (
     "the", "a", "cat", "sat", "on", "mat", "and", "then", "dog", "ran", "to", "park", "it",
@@ -31,14 +35,18 @@ class Request:
     final_len: int
 
 
+def random_tokens(rng: np.random.Generator, n: int) -> list[int]:
+    return [int(t) for t in rng.integers(0, len(VOCAB), n)]
+
+
 def random_requests(rng: np.random.Generator, n: int, *, prompt: tuple[int, int],
                     output: tuple[int, int], max_len: int) -> list[Request]:
     """``n`` requests with prompt and output lengths uniform in the given inclusive ranges."""
     out = []
     for i in range(n):
         p = int(rng.integers(prompt[0], prompt[1] + 1))
-        f = min(max_len, p + int(rng.integers(output[0], output[1] + 1)))
-        out.append(Request(i, tuple(int(t) for t in rng.integers(0, len(VOCAB), p)), f))
+        final = min(max_len, p + int(rng.integers(output[0], output[1] + 1)))
+        out.append(Request(i, tuple(random_tokens(rng, p)), final))
     return out
 
 
@@ -49,51 +57,45 @@ def words(token_ids: Sequence[int]) -> str:
 def ids_text(values: Sequence[int] | np.ndarray, limit: int = 12) -> str:
     """``[0 1 2 ...]`` short enough for one line of a step log."""
     vals = [int(v) for v in values]
-    body = " ".join(str(v) for v in vals[:limit])
-    return f"[{body}{' ...' if len(vals) > limit else ''}]"
+    return f"[{' '.join(map(str, vals[:limit]))}{' ...' if len(vals) > limit else ''}]"
 
 
 def blocks_text(blocks: Sequence[int]) -> str:
     return " ".join(f"#{b}" for b in blocks) or "(none)"
 
 
-def random_kv(rng: np.random.Generator, t: int, num_kv_heads: int, head_size: int,
-              dtype: object = np.float32) -> tuple[np.ndarray, np.ndarray]:
+def random_kv(rng: np.random.Generator, t: int, num_kv_heads: int,
+              head_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Random K and V [T, Hkv, D] for ``t`` new tokens (what a model's projections would give)."""
-    k = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
-    v = rng.standard_normal((t, num_kv_heads, head_size)).astype(dtype)
-    return k, v
+    return (rng.standard_normal((t, num_kv_heads, head_size)).astype(np.float32),
+            rng.standard_normal((t, num_kv_heads, head_size)).astype(np.float32))
 
 
 class PagedKV:
-    """Real K/V arrays beside a ``KVCacheManager``, and a dense record of what each sequence
+    """Real K/V arrays beside a ``KVCacheManager`` and a dense record of what each sequence
     wrote, so a scene can show (not claim) that reading through the block table gives back
     exactly what was written, after copies, forks and swaps.
 
-    key_cache, value_cache: [NB, Hkv, BS, D]; written[seq]: (k [T, Hkv, D], v [T, Hkv, D])."""
+    key_cache, value_cache: [NB, Hkv, BS, D]; written[seq]: (k [T, Hkv, D], v [T, Hkv, D]).
+    ``prefix_model``: a token's K/V is a fixed function of the tokens up to it, as in a real
+    model, so a prefix-cache hit or a recompute must reproduce a cold run exactly."""
 
     def __init__(self, manager, rng: np.random.Generator, num_kv_heads: int = 1,
                  head_size: int = 4, *, prefix_model: bool = False) -> None:
         shape = (manager.num_blocks, num_kv_heads, manager.block_size, head_size)
-        self.m, self.rng = manager, rng
-        # prefix_model: a token's K/V is a fixed function of the tokens up to it (as in a real
-        # model), so a prefix-cache hit or a recompute must reproduce a cold run exactly.
-        self.prefix_model = prefix_model
-        self.key_cache = np.zeros(shape, np.float32)  # [NB, Hkv, BS, D]
+        self.m, self.rng, self.prefix_model = manager, rng, prefix_model
+        self.key_cache = np.zeros(shape, np.float32)
         self.value_cache = np.zeros(shape, np.float32)
         self.written: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
 
     def write(self, seq_id: Hashable, start: int) -> None:
-        """Fresh random K/V for positions [start, seq_len) of ``seq_id``, scattered to their
-        slots with ``reshape_and_cache`` (the caller has applied any pending copies first)."""
-        from minipaged.paged.cache_ops import reshape_and_cache
-
+        """K/V for positions [start, seq_len) of ``seq_id``, scattered to their slots with
+        ``reshape_and_cache`` (the caller has applied any pending copies first)."""
         end = self.m.seq_len(seq_id)
-        hkv, d = self.key_cache.shape[1], self.key_cache.shape[3]
         if self.prefix_model:
             k, v = self.model_kv(self.m.token_ids(seq_id), start, end)
         else:
-            k, v = random_kv(self.rng, end - start, hkv, d)
+            k, v = random_kv(self.rng, end - start, *self.key_cache.shape[1::2])
         reshape_and_cache(k, v, self.key_cache, self.value_cache,
                           self.m.slot_mapping(seq_id, start, end))
         old_k, old_v = self.written.get(seq_id, (k[:0], v[:0]))
@@ -102,41 +104,39 @@ class PagedKV:
 
     def model_kv(self, tokens, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """K/V [end - start, Hkv, D] of positions [start, end), each a function of its prefix."""
-        hkv, d = self.key_cache.shape[1], self.key_cache.shape[3]
-        ks, vs = [], []
-        for p in range(start, end):
-            rng = np.random.default_rng(hash(tuple(tokens[:p + 1])) % (1 << 63))
-            k, v = random_kv(rng, 1, hkv, d)
-            ks.append(k)
-            vs.append(v)
-        return np.concatenate(ks), np.concatenate(vs)
+        kvs = [random_kv(np.random.default_rng(hash(tuple(tokens[:p + 1])) % (1 << 63)), 1,
+                         *self.key_cache.shape[1::2]) for p in range(start, end)]
+        return (np.concatenate([k for k, _ in kvs]), np.concatenate([v for _, v in kvs]))
 
     def fork(self, parent: Hashable, child: Hashable) -> None:
         self.written[child] = self.written[parent]
 
     def copy(self, pairs: list[tuple[int, int]]) -> None:
-        from minipaged.paged.cache_ops import copy_blocks
-
         if pairs:
             copy_blocks(self.key_cache, self.value_cache, pairs)
 
     def gather(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
         """The sequence's K/V read through its block table, [T, Hkv, D] each."""
-        n, bs = self.m.seq_len(seq_id), self.m.block_size
-        table = np.asarray(self.m.block_table(seq_id))
-        pos = np.arange(n)
-        k = self.key_cache[table[pos // bs], :, pos % bs]  # [T, Hkv, D]
-        v = self.value_cache[table[pos // bs], :, pos % bs]
-        return k, v
+        pos = np.arange(self.m.seq_len(seq_id))
+        blocks = np.asarray(self.m.block_table(seq_id))[pos // self.m.block_size]
+        offsets = pos % self.m.block_size
+        return self.key_cache[blocks, :, offsets], self.value_cache[blocks, :, offsets]
 
     def all_intact(self, seq_ids) -> bool:
-        """Every listed sequence reads back, bit for bit, what was written for it."""
+        """Every listed sequence reads back, bit for bit, what was written for it (with
+        ``prefix_model``: what a cold run of the whole sequence would write)."""
         for s in seq_ids:
             k, v = self.gather(s)
-            if self.prefix_model:  # what a cold run of the whole sequence would write
+            if self.prefix_model:
                 wk, wv = self.model_kv(self.m.token_ids(s), 0, self.m.seq_len(s))
             else:
                 wk, wv = self.written[s]
             if not (np.array_equal(k, wk) and np.array_equal(v, wv)):
                 return False
         return True
+
+    def check(self, seq_ids) -> Event:
+        """The step log's line saying whether ``all_intact(seq_ids)`` holds."""
+        what = "a cold computation" if self.prefix_model else "what was written for it"
+        return Event("check", f"every sequence's K/V, read through its block table, equals "
+                              f"{what}: {self.all_intact(seq_ids)}")
