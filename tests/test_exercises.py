@@ -99,9 +99,9 @@ def test_cli_exit_codes_and_copy_anywhere(tmp_path):
     assert "Not started yet" in untouched.stdout
     assert "Traceback" not in untouched.stdout + untouched.stderr
     missing = _cli("99")
-    assert missing.returncode == 2 and "no exercise" in missing.stdout
+    assert missing.returncode == 2 and "no exercise" in missing.stderr
     negative = _cli("4", "--timeout", "-1")
-    assert negative.returncode == 2 and "--timeout=-1.0 must be >= 0" in negative.stdout
+    assert negative.returncode == 2 and "--timeout=-1.0 must be >= 0" in negative.stderr
     with pytest.raises(ValueError, match="timeout_s=-1 must be"):
         grade(*resolve("4"), timeout_s=-1)
 

@@ -29,7 +29,6 @@ Read next: ``exercises/README.md``.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
 
@@ -53,7 +52,7 @@ CASE_MODULES = (
 )
 
 __all__ = ["CaseFailure", "Exercise", "GradeResult", "all_exercises", "exercises_dir",
-           "expect", "grade", "register", "resolve"]
+           "expect", "grade", "resolve"]
 
 
 def all_exercises() -> dict[str, Exercise]:
@@ -105,60 +104,3 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
         raise ValueError(f"exercise {ex.name} should be at {file}, which does not exist; "
                          f"pass the path of your copy instead")
     return ex, file
-
-
-HELP = """\
-Grade your answer to an exercise with hidden tests.
-
-  minipaged check 6                      grades exercises/06_paged_gather.py
-  minipaged check ~/work/my_gather.py    grades a copy anywhere (its EXERCISE line says which)
-  minipaged check --list                 lists the exercises
-  minipaged check 6 --solution           grades the reference solution (a spoiler)
-
-Prints which cases pass, the first failing case with its inputs, expected and actual values,
-and a hint. Exits 0 when every case passes, 1 otherwise, 2 when the argument names nothing.
-"""
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("check", help="grade an exercise with hidden tests",
-                              description=HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-13) or the path of your file")
-    p.add_argument("--list", action="store_true", help="list the exercises and exit")
-    p.add_argument("--solution", action="store_true",
-                   help="grade exercises/solutions/NN_*.py instead (spoiler)")
-    p.add_argument("--timeout", type=float, default=20.0,
-                   help="seconds one case may run before it is stopped, so an endless loop "
-                        "is reported instead of hanging (default 20; 0 = no limit)")
-    p.set_defaults(func=run_check)
-
-
-def run_check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from minipaged.kit.grader.report import print_report
-
-    console = Console()
-    if args.list or not args.exercise:
-        table = Table(title="exercises (minipaged check NUMBER)")
-        table.add_column("#", justify="right")
-        table.add_column("file")
-        table.add_column("topic")
-        table.add_column("cases", justify="right")
-        for ex in all_exercises().values():
-            table.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
-        console.print(table)
-        return 0 if args.list else 2
-    try:
-        if not args.timeout >= 0:
-            raise ValueError(f"--timeout={args.timeout} must be >= 0 seconds (0 = no limit)")
-        exercise, path = resolve(args.exercise, solution=args.solution)
-    except ValueError as e:
-        console.print(f"[red]minipaged check:[/] {e}")
-        return 2
-    result = grade(exercise, path, timeout_s=args.timeout)
-    print_report(result, console)
-    return 0 if result.passed else 1
