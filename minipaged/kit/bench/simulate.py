@@ -21,7 +21,7 @@ def run(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
 
     sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])
-    check_sim_size(max(sizes), block_size=args.block_size)
+    check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = Table(title=f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, "
                     f"all arrivals at t=0")

@@ -59,7 +59,7 @@ class Checked(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         for value in values if isinstance(values, list) else [values]:
-            problem = self.check(value)
+            problem = None if value is None else self.check(value)  # None: an absent "?"
             if problem:
                 parser.error(f"{option_string or self.dest}={value!r} {problem}")
         setattr(namespace, self.dest, values)
@@ -414,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:             # e.g. `minipaged quiz --answers | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return _refuse(args.prog, "the output pipe closed before the output ended")
+    except SystemExit as e:             # rich's consoles turn a closed pipe into exit(1)
+        if isinstance(e.__context__, BrokenPipeError):
+            return _refuse(args.prog, "the output pipe closed before the output ended")
+        raise
     except Exception as e:
         if os.environ.get("MINIPAGED_TRACEBACK") or not isinstance(e, run.user_errors()):
             raise

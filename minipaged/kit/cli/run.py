@@ -88,16 +88,18 @@ SIM_BYTES_PER_REQUEST = 8_000
 
 
 def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b",
-                   kv_cache_gb: float | None = None, block_size: int | None = 16) -> None:
+                   kv_cache_gb: float | None = None, block_size: int | None = 16,
+                   flag: str = "--num-requests") -> None:
     """Refuse a simulation too big for this machine (``block_size=None``: a contiguous policy,
     which keeps no per-block state)."""
     from minipaged.sim.memory import preset
 
     p = preset(model, kv_cache_gb=kv_cache_gb)
     blocks = 0 if block_size is None else p.num_blocks(block_size)
-    refuse_if_too_big(f"--num-requests={num_requests} (x{samples} sequences) with "
-                      f"--kv-cache-gb={kv_cache_gb} ({blocks:,} simulated blocks)",
-                      num_requests * samples * SIM_BYTES_PER_REQUEST
+    what = f"{flag}={num_requests}" + (f" x {samples} sequences" if samples > 1 else "")
+    if kv_cache_gb is not None:
+        what += f" with --kv-cache-gb={kv_cache_gb:g} ({blocks:,} simulated blocks)"
+    refuse_if_too_big(what, num_requests * samples * SIM_BYTES_PER_REQUEST
                       + blocks * SIM_BYTES_PER_BLOCK)
 
 
