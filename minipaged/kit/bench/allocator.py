@@ -145,16 +145,19 @@ OPS = ("allocate", "append", "fork", "free")
 _DONE = object()  # next(generator, _DONE): the replay has ended
 
 
-def replay(mgr, trace, prefix: bool, max_running: int = 48) -> dict[str, list[float]]:
+MAX_RUNNING = 48  # requests in the batch at most, like a scheduler's max_num_seqs
+
+
+def replay(mgr, trace, prefix: bool) -> dict[str, list[float]]:
     """Run the whole trace through ``mgr``; returns [seconds, count] per operation type."""
     stats = {op: [0.0, 0] for op in OPS}
-    for _ in replay_steps(mgr, trace, prefix, stats, max_running):
+    for _ in replay_steps(mgr, trace, prefix, stats):
         pass
     return stats
 
 
 def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
-                 max_running: int = 48, steps_per_chunk: int = 1):
+                 steps_per_chunk: int = 1):
     """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps, adding
     [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
     managers in short chunks of the same trace, so that load from other processes falls on
@@ -180,7 +183,7 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
             timed("free", mgr.free, s)
 
     while waiting or running:
-        while waiting and len(running) < max_running:
+        while waiting and len(running) < MAX_RUNNING:
             r = waiting[0]
             prompt, out_len, n = trace[r]
             seqs = []

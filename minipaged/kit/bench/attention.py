@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import statistics
 
+from minipaged._checks import cdiv
+
 QUICK = dict(seqs=4, heads=8, kv_heads=2, head_size=32, block_size=16, contexts=[64, 256],
              repeats=2)
 
@@ -85,7 +87,7 @@ def _measure_context(rng, S, H, Hkv, D, BS, Tk, dtype, repeats, online):
 
     from minipaged.paged.paged_attention import paged_attention
 
-    nblk = -(-Tk // BS)
+    nblk = cdiv(Tk, BS)
     NB = S * nblk
     # Fill the pool, then give each sequence randomly placed blocks (the paged layout).
     key_cache = rng.standard_normal((NB, Hkv, BS, D), dtype=np.float32).astype(dtype)
@@ -134,7 +136,7 @@ def run(args) -> int:
     tk = max(args.contexts)
     # the paged caches, their contiguous copy and the chunked gather: about 3x one K/V pool
     refuse_if_too_big(f"--seqs={S} x --contexts={tk} x --kv-heads={Hkv} x --head-size={D}",
-                      6 * S * (-(-tk // BS) * BS) * Hkv * D * dtype.itemsize)
+                      6 * S * (cdiv(tk, BS) * BS) * Hkv * D * dtype.itemsize)
     console = Console()
     rng = np.random.default_rng(args.seed)
     table = Table(title=f"decode attention, S={S} H={H} Hkv={Hkv} D={D} BS={BS} {dtype.name}, "

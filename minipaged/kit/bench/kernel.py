@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from minipaged._checks import cdiv
 from minipaged.kit.bench import median_time
 
 
@@ -34,7 +35,7 @@ def _case(rng, s, h, hkv, d, bs, ctx, dtype, xp=None):
     import numpy as np
 
     xp = xp or np
-    nblocks = -(-ctx // bs)
+    nblocks = cdiv(ctx, bs)
     nb = s * nblocks
     normal = (lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(dtype)) \
         if xp is np else (lambda shape: xp.random.standard_normal(shape, dtype=xp.float32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
 from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
 
@@ -44,13 +45,12 @@ def question(ctx: Context) -> Answer:
                               "batch-8-to-32"))
 
 
-def two_level_bytes(seq_len: int, max_context: int, block_size: int, leaf_size: int,
-                    entry_bytes: int = 4) -> int:
+def two_level_bytes(seq_len: int, max_context: int, block_size: int, leaf_size: int) -> int:
     """Directory (covers max_context) + the leaves a sequence uses (exercise 13's formula; the
     package itself keeps flat tables, so this small function lives here)."""
-    mb = -(-max_context // block_size)
-    used = -(-seq_len // block_size)
-    return (-(-mb // leaf_size) + -(-used // leaf_size) * leaf_size) * entry_bytes
+    mb = cdiv(max_context, block_size)
+    used = cdiv(seq_len, block_size)
+    return (cdiv(mb, leaf_size) + cdiv(used, leaf_size) * leaf_size) * 4   # int32 entries
 
 
 def follow_up_1(ctx: Context) -> Answer:
@@ -91,7 +91,7 @@ def follow_up_2(ctx: Context) -> Answer:
 
     waste = {}
     for bs in (32, 16):      # one finished 33-token sequence, read from a real manager
-        m = KVCacheManager(-(-33 // bs) + 1, bs)
+        m = KVCacheManager(cdiv(33, bs) + 1, bs)
         m.allocate("r", list(range(33)))
         u = m.usage({"r": 33})
         waste[bs] = (u.internal_fragmentation, u.token + u.reserved + u.internal_fragmentation)
@@ -107,7 +107,7 @@ def follow_up_2(ctx: Context) -> Answer:
         figures=[(f"33 tokens, BS {bs}: unused / allocated slots", f"{w}/{a} = {pct(w / a)}")
                  for bs, (w, a) in waste.items()]
         + [(f"ShareGPT-like lengths: mean unused slots per sequence, BS {bs}",
-            f"{float(np.mean(-(-lens // bs) * bs - lens)):.1f}") for bs in (16, 32)],
+            f"{float(np.mean(cdiv(lens, bs) * bs - lens)):.1f}") for bs in (16, 32)],
         commands=[ctx.sim_command(block_size=16), ctx.sim_command(block_size=32),
                   "minipaged check 2   (paged_breakdown)"],
         verdicts=ctx.verdicts("block-32-example", "block-size-tradeoff"))
@@ -120,7 +120,7 @@ def follow_up_3(ctx: Context) -> Answer:
     bs, nb, hkv, h, d, n = 16, 12, 2, 8, 64, 150
     kc = rng.standard_normal((nb, hkv, bs, d)).astype(np.float32)        # [NB, Hkv, BS, D]
     vc = rng.standard_normal((nb, hkv, bs, d)).astype(np.float32)
-    table = rng.permutation(nb)[: -(-n // bs)].astype(np.int32)[None]    # [1, MB]
+    table = rng.permutation(nb)[: cdiv(n, bs)].astype(np.int32)[None]    # [1, MB]
     q = rng.standard_normal((1, h, d)).astype(np.float32)                # [1, H, D]
     out = paged_attention(q, kc, vc, table, np.array([n], np.int32), method="online")
     k = kc[table[0]].transpose(0, 2, 1, 3).reshape(-1, hkv, d)[:n]       # [T, Hkv, D]
@@ -178,7 +178,7 @@ def pitfall_block_size(ctx: Context) -> Answer:
     lens = ctx.final_lens("sharegpt")
     figures = []
     for bs in (1, 8, 16, 32, 64, 128, 256):
-        alloc = -(-lens // bs) * bs
+        alloc = cdiv(lens, bs) * bs
         figures.append((f"BS {bs:>3}: unused slots per sequence / share / table for 2K",
                         f"{float(np.mean(alloc - lens)):6.1f} / "
                         f"{pct(float(np.sum(alloc - lens) / np.sum(alloc)))} / "

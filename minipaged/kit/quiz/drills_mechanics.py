@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from minipaged._checks import cdiv
 from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
 
 
@@ -43,9 +44,10 @@ def x_packing_answer(ctx: Context) -> Answer:
         commands=["less minipaged/cuda/paged_attention.cu   (the comments on the layout)"])
 
 
-def v2_grid(num_seqs: int, num_heads: int, context_len: int, partition: int = 512) -> dict:
-    """Thread blocks launched by the v1 and v2 decode kernels (vLLM's grids; a formula)."""
-    parts = -(-context_len // partition)
+def v2_grid(num_seqs: int, num_heads: int, context_len: int) -> dict:
+    """Thread blocks launched by the v1 and v2 decode kernels (vLLM's grids, v2's partitions of
+    512 tokens; a formula)."""
+    parts = cdiv(context_len, 512)
     return {"v1": num_heads * num_seqs, "v2": num_heads * num_seqs * parts, "partitions": parts}
 
 
@@ -141,7 +143,7 @@ def cow_vs_prefix(ctx: Context) -> Answer:
             "no longer needs forks or copies."),
         figures=[
             (f"n={n} samples, {len(prompt)}-token prompt, {gen} tokens each, BS {bs}: no sharing",
-             f"{n * -(-(len(prompt) + gen) // bs)} blocks"),
+             f"{n * cdiv(len(prompt) + gen, bs)} blocks"),
             ("  copy-on-write (fork)", f"{cow.num_blocks - cow.num_free_blocks} blocks"),
             ("  prefix caching (n requests)", f"{v1.num_blocks - v1.num_free_blocks} blocks"),
         ],

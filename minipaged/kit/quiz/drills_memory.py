@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged._checks import cdiv
 from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes
 
 
@@ -27,7 +28,7 @@ def why_16(ctx: Context) -> Answer:
                f"{r.avg_batch_size:.1f} / {r.throughput_tokens_per_s:.0f}")
               for bs, r in runs.items()),
             ("ShareGPT lengths, mean unused slots per sequence at BS 16",
-             f"{float(np.mean(-(-lens // 16) * 16 - lens)):.1f}"),
+             f"{float(np.mean(cdiv(lens, 16) * 16 - lens)):.1f}"),
         ],
         commands=[ctx.sim_command(workload="alpaca", block_size=bs) for bs in (16, 128)])
 
@@ -41,7 +42,7 @@ def block_size_limits(ctx: Context) -> Answer:
     figures = [(f"BS {bs}: lanes per token (thread group = max(32 / BS, 1))",
                 str(max(32 // bs, 1))) for bs in (8, 16, 32)]
     for bs in (1, 16, 256):
-        t = cost.step_time(0, 0, blocks_swapped=-(-2048 // bs),
+        t = cost.step_time(0, 0, blocks_swapped=cdiv(2048, bs),
                            block_bytes=p.model.kv_bytes_per_token * bs)
         figures.append((f"BS {bs}: swap a 2048-token sequence out", f"{1e3 * t:.1f} ms"))
     return Answer(
@@ -131,7 +132,7 @@ def swap_vs_recompute(ctx: Context) -> Answer:
     cost = CostModel.for_preset(p)
     figures = []
     for bs in (1, 16, 256):
-        t = cost.step_time(0, 0, blocks_swapped=-(-1000 // bs),
+        t = cost.step_time(0, 0, blocks_swapped=cdiv(1000, bs),
                            block_bytes=p.model.kv_bytes_per_token * bs)
         figures.append((f"swap out a 1000-token sequence, BS {bs}", f"{1e3 * t:.1f} ms"))
     figures.append(("recompute 1000 tokens (one prefill step)",
