@@ -204,18 +204,12 @@ def kv_calc(args) -> int:
     from minipaged.sim.memory import MemoryPreset, ModelSpec, kv_calc, preset
 
     p = preset(args.model, kv_cache_gb=args.kv_cache_gb)
-    custom = {"layers": args.layers, "kv_heads": args.kv_heads, "head_size": args.head_size,
-              "dtype_bytes": args.dtype_bytes}
-    if any(v is not None for v in custom.values()):
-        m = p.model
-        kv_heads = args.kv_heads if args.kv_heads is not None else m.num_kv_heads
-
-        def pick(value, preset_value):
-            return preset_value if value is None else value
-
-        m = ModelSpec(f"{m.name} (custom)", pick(args.layers, m.num_layers), kv_heads, kv_heads,
-                      pick(args.head_size, m.head_size), m.num_params,
-                      pick(args.dtype_bytes, m.dtype_bytes), m.max_model_len)
+    if any(v is not None for v in (args.layers, args.kv_heads, args.head_size, args.dtype_bytes)):
+        m = p.model                  # a custom model: the given values replace the preset's
+        kv_heads = args.kv_heads or m.num_kv_heads      # (the parser refused 0 and below)
+        m = ModelSpec(f"{m.name} (custom)", args.layers or m.num_layers, kv_heads, kv_heads,
+                      args.head_size or m.head_size, m.num_params,
+                      args.dtype_bytes or m.dtype_bytes, m.max_model_len)
         p = MemoryPreset(m, p.gpu, p.kv_cache_bytes)
     r = kv_calc(p, block_size=args.block_size, context_len=args.context_len,
                 num_requests=args.num_requests, entry_bytes=args.entry_bytes)
