@@ -161,7 +161,7 @@ def run(policy: str, exact_fit: bool = True) -> tuple[dict[str, float], int, flo
     return fr, steps, batch / n_sampled
 
 
-# Fig. 2 of the vLLM paper, read off the figure (shared/reference/vllm-facts.md): token /
+# Fig. 2 of the vLLM paper (Kwon et al., SOSP 2023), read off the figure: token /
 # reserved / internal / "external fragmentation & others", in percent.
 PAPER = {"max": (20.4, 13.3, 57.3, 8.9), "pow2": (26.8, 17.9, 13.6, 41.6),
          "oracle": (38.2, 25.2, 0.0, 36.6)}

@@ -100,7 +100,7 @@ console.print(f"blocks held: {blocks_with_sharing(mgr, seqs)} with sharing, "
 # ## No cap on reference counts
 # A widely repeated interview answer says vLLM caps a block's shared references at 16. Neither
 # the paper nor the code does: vLLM v0's reference counter only asserts that a count never goes
-# below zero, and 16 is the default *block size* (see `shared/reference/vllm-facts.md`). Here
+# below zero (vllm/core/block/common.py), and 16 is the default *block size*. Here
 # one block has 101 users:
 
 # %%

@@ -47,7 +47,7 @@ console.print(t)
 #
 # One int32 entry per logical block: ceil(context / BS) x 4 bytes per request. That is tiny
 # next to the K/V it points at (8 KiB of table for 25 GiB of OPT-13B K/V at 32K tokens).
-# The seed answer claims "about 0.5 GB per 1000 requests at 32K tokens" and "64 KB per request
+# The interview answer claims "about 0.5 GB per 1000 requests at 32K tokens" and "64 KB per request
 # at 128K": the arithmetic says otherwise (lesson 10 checks every such claim).
 
 # %%
@@ -65,7 +65,7 @@ console.print(t)
 # %% [markdown]
 # ## Waste per sequence: at most one partly filled block
 #
-# The seed's follow-up 2 example: a request of 33 tokens. With blocks of 32 it takes two
+# The interview answer's follow-up 2 example: a request of 33 tokens. With blocks of 32 it takes two
 # blocks (64 slots) and wastes 31, 48% of what it holds; with blocks of 16 it takes three (48
 # slots) and wastes 15, 31%. The manager's own `usage()` says so:
 

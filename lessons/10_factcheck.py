@@ -1,20 +1,22 @@
 # %% [markdown]
 # # Lesson 10: fact-checking an interview answer with the instruments we built
 #
-# A popular interview answer about PagedAttention (`shared/seeds/`, in Chinese) is fluent,
-# mostly right in spirit, and wrong in several numbers. Every checkable claim in it can be
+# "The interview answer" is a model answer to "explain vLLM's PagedAttention", written in Chinese
+# and learnt by heart by many candidates; its claims, restated in this project's words, are in
+# `minipaged/kit/quiz/answer.py`. It is fluent, mostly right in spirit, and wrong in several
+# numbers. Every checkable claim in it can be
 # measured with what the course built: the simulator (lesson 06), the calculator and the block
 # size sweep (lesson 07), and the block managers themselves (lessons 03-05). This lesson runs
 # `minipaged factcheck --quick` and walks through the findings.
 #
-# Code: `minipaged/factcheck.py`. Read before: lessons 06 and 07.
+# Code: `minipaged/kit/quiz/factcheck.py`. Read before: lessons 06 and 07.
 
 # %%
 from __future__ import annotations
 
 from rich.console import Console
 
-from minipaged.kit import factcheck
+from minipaged.kit.quiz import factcheck
 from minipaged.paged.block_manager import KVCacheManager
 
 console = Console()
@@ -24,8 +26,9 @@ console = Console()
 #
 # Verdicts: **holds** (our measurement or the paper agrees), **off** (it disagrees; the right
 # figure is given), **unsupported** (neither the paper nor the code says so, and our
-# measurements do not back it). The full-size run (`minipaged factcheck`) simulates 600-1000
-# requests per policy; `--quick` uses fewer, and the figures move by a point or two.
+# measurements do not back it). The full-size run (`minipaged factcheck`) simulates 300
+# requests per policy; `--quick` uses 150, and the figures move by a point or two. The quiz
+# (`minipaged quiz`) shows the very same verdicts.
 
 # %%
 findings = factcheck.run(quick=True)

@@ -1,4 +1,8 @@
-"""The fact-check: every claim gets a measured figure and a verdict from the instruments."""
+"""The fact-check: every claim of the interview answer gets a measured figure and its verdict.
+
+Each claim is pinned to its expected verdict; the simulation-backed claims run here at a tiny
+size (the verdicts do not depend on it), the arithmetic ones at full precision.
+"""
 
 from __future__ import annotations
 
@@ -6,50 +10,69 @@ import json
 
 import pytest
 
-from minipaged.kit import factcheck as fc
 from minipaged.kit.cli import main
+from minipaged.kit.quiz import Context, factcheck
+from minipaged.kit.quiz.answer import CLAIMS
 
-CHEAP = [fc.c_refcap, fc.c_block_table_32k, fc.c_128k, fc.c_33_tokens, fc.c_cow, fc.c_int32,
-         fc.c_flash, fc.c_trtllm,
-         fc.c_default_16]
+EXPECTED = {
+    "max-reservation-internal": "holds", "contiguous-external": "holds",
+    "utilization-before": "off", "default-block-16": "holds",
+    "no-external-fragmentation": "holds", "copy-on-write": "holds", "refcount-cap": "off",
+    "sweet-spot-16": "off", "no-page-replacement": "off", "utilization-after": "holds",
+    "throughput-2-4x": "holds", "batch-8-to-32": "holds", "block-table-32k": "off",
+    "int32-compression": "unsupported", "block-table-128k": "off",
+    "block-size-tradeoff": "holds", "block-32-example": "off",
+    "flashattention-compatible": "holds", "others-page-too": "holds",
+}
 
 
-@pytest.mark.parametrize("claim", CHEAP, ids=[c.__name__ for c in CHEAP])
-def test_cheap_claims(claim):
-    f = claim(fc.Context(quick=True))
-    assert f.verdict in ("holds", "off", "unsupported")
-    assert f.quote and f.claim and f.measured and f.right
+@pytest.fixture(scope="module")
+def findings():
+    return {f.claim_id: f for f in factcheck.run(ctx=Context(num_requests=40))}
 
 
-def test_the_arithmetic_claims_come_out_right():
-    ctx = fc.Context(quick=True)
-    assert fc.c_refcap(ctx).figures["ref_count"] == 101  # no cap at 16
-    assert fc.c_block_table_32k(ctx).figures["bytes_per_1000"] == 8192 * 1000
-    f = fc.c_128k(ctx).figures
+def test_one_check_per_claim_of_the_interview_answer():
+    assert list(factcheck.CHECKS) == list(CLAIMS) and set(EXPECTED) == set(CLAIMS)
+
+
+@pytest.mark.parametrize("claim_id", list(EXPECTED))
+def test_every_claim_has_its_verdict(findings, claim_id):
+    f = findings[claim_id]
+    assert f.verdict == EXPECTED[claim_id], (claim_id, f.measured, f.right)
+    assert (f.quote, f.claim) == CLAIMS[claim_id]
+    assert f.measured and f.right
+
+
+def test_the_arithmetic_claims_come_out_right(findings):
+    assert findings["refcount-cap"].figures["ref_count"] == 101  # no cap at 16
+    assert findings["block-table-32k"].figures["bytes_per_1000"] == 8192 * 1000
+    f = findings["block-table-128k"].figures
     assert (f["blocks"], f["bytes_int32"], f["bytes_8"]) == (8192, 32768, 65536)
-    w = fc.c_33_tokens(ctx).figures
+    w = findings["block-32-example"].figures
     assert w["paged_32"] == pytest.approx(31 / 64) and w["paged_16"] == pytest.approx(15 / 48)
     assert w["contiguous"] == pytest.approx(31 / 64)
-    assert fc.c_cow(ctx).figures["copies"] and len(fc.c_cow(ctx).figures["copies"]) == 1
+    assert len(findings["copy-on-write"].figures["copies"]) == 1
+    nr = findings["no-page-replacement"].figures
+    assert nr["preemptions"] > 0 and nr["hit_before"] == 8 and nr["hit_after"] == 0
 
 
-def test_factcheck_cli_quick(tmp_path, monkeypatch, capsys):
-    # The simulation-backed claims at a tiny size: the CLI path, the table and the JSON.
-    from minipaged.sim import experiments
-    monkeypatch.setattr(fc.Context, "fig2", lambda self: self.get(
-        "fig2", lambda: experiments.fig2(25)))
-    monkeypatch.setattr(fc.Context, "rates", lambda self: self.get(
-        "rates", lambda: experiments.rates(15, iters=2)))
-    monkeypatch.setattr(fc.Context, "block_sweep", lambda self: self.get(
-        "blocks", lambda: experiments.block_size(15, sizes=(8, 16, 32),
-                                                 workloads=("sharegpt", "alpaca"))))
+def test_findings_are_measured_once_per_context(monkeypatch):
+    ctx = Context(num_requests=20)
+    calls = []
+    real = factcheck.CHECKS["refcount-cap"]
+    monkeypatch.setitem(factcheck.CHECKS, "refcount-cap", lambda c: calls.append(c) or real(c))
+    assert ctx.finding("refcount-cap") is ctx.finding("refcount-cap")
+    assert ctx.verdicts("refcount-cap")[0][1] == "off" and len(calls) == 1
+
+
+def test_factcheck_cli(tmp_path, monkeypatch, capsys):
+    # The CLI path, the table and the JSON, with every simulation at a tiny size.
+    real_init = Context.__init__
+    monkeypatch.setattr(Context, "__init__",
+                        lambda self, num_requests=300, seed=0: real_init(self, 40, seed))
     p = tmp_path / "f.json"
     assert main(["factcheck", "--quick", "--json", str(p)]) == 0
     found = json.loads(p.read_text())
-    assert len(found) == len(fc.CLAIMS)
-    by_id = {f["claim_id"]: f for f in found}
-    assert by_id["utilization-before"]["verdict"] == "off"
-    assert by_id["refcount-cap"]["verdict"] == "unsupported"
-    assert by_id["no-page-replacement"]["figures"]["preemptions"] > 0
-    assert by_id["no-page-replacement"]["figures"]["evictions"] > 0
-    assert "claims:" in capsys.readouterr().out
+    assert [f["claim_id"] for f in found] == list(CLAIMS)
+    assert {f["claim_id"]: f["verdict"] for f in found} == EXPECTED
+    assert "19 claims:" in capsys.readouterr().out

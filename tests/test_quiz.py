@@ -1,11 +1,12 @@
 """The interview drills and the glossary.
 
 What is promised, and tested here:
-- the seed question and its three follow-ups keep their Chinese wording beside an English one,
-  and at least ten more interviewer questions follow;
+- the interview answer's question, its three follow-ups and three pitfalls keep their Chinese
+  wording beside an English one (from the project's own data, ``answer.py``), and at least ten
+  more interviewer questions follow;
 - every answer is computed by the package when it is shown (a patched package function changes
-  the printed figure), lists commands that reproduce it, and carries a verdict where it checks
-  a claim of the seed;
+  the printed figure), lists commands that reproduce it, and carries the fact-check's own
+  verdict where it covers a claim of the interview answer;
 - ``--answers`` prints everything; a non-terminal never waits for a key; in a terminal a key
   reveals each answer and ``q`` quits;
 - the glossary names every key term in English and Chinese.
@@ -22,9 +23,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from minipaged.kit import drills, glossary, quiz
-from minipaged.kit.drills import DRILLS
-from minipaged.kit.quiz import Context, answer_renderable, run_quiz, select
+from minipaged.kit import quiz
+from minipaged.kit.quiz import (
+    DRILLS,
+    Context,
+    answer_renderable,
+    drills_answer,
+    glossary,
+    run_quiz,
+    select,
+)
+from minipaged.kit.quiz import answer as interview
 
 ROOT = Path(__file__).resolve().parent.parent
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -47,22 +56,36 @@ def _text(renderable) -> str:
 def test_drill_inventory():
     keys = [d.key for d in DRILLS]
     assert len(set(keys)) == len(keys)
-    assert keys[:4] == ["seed", "follow-up-1", "follow-up-2", "follow-up-3"]
-    assert sum(d.source.startswith("seed pitfall") for d in DRILLS) >= 3
+    assert keys[:4] == ["question", "follow-up-1", "follow-up-2", "follow-up-3"]
+    assert sum(d.source.startswith("pitfall") for d in DRILLS) >= 3
     assert sum(d.source == "interviewer" for d in DRILLS) >= 10
     for d in DRILLS:
         assert CJK.search(d.zh), f"{d.key}: the Chinese wording is missing"
         assert d.en.strip() and not CJK.search(d.en), f"{d.key}: English wording"
 
 
-def test_seed_wording_is_kept():
-    seeds = sorted((ROOT.parent / "shared" / "seeds").glob("*.txt"))
-    if not seeds:
-        pytest.skip("the seed text is not beside this checkout")
-    seed = seeds[0].read_text(encoding="utf-8")
-    for d in DRILLS[1:4]:
-        assert d.zh in seed, f"{d.key} must quote the seed's follow-up verbatim"
-    assert "vLLM PagedAttention 原理" in seed
+def test_the_interview_answer_is_the_projects_own_data():
+    """The drills ask the interview answer's own questions, from answer.py; nothing is read from
+    outside the repository."""
+    by_key = {d.key: d for d in DRILLS}
+    assert (by_key["question"].zh, by_key["question"].en) == interview.QUESTION
+    assert "vLLM PagedAttention 原理" in interview.QUESTION[0]
+    for i, pair in enumerate(interview.FOLLOW_UPS, 1):
+        assert (by_key[f"follow-up-{i}"].zh, by_key[f"follow-up-{i}"].en) == pair
+    pitfalls = [d for d in DRILLS if d.source.startswith("pitfall")]
+    assert [(d.zh, d.en) for d in pitfalls] == list(interview.PITFALLS)
+    for claim_id, (zh, en) in interview.CLAIMS.items():
+        assert CJK.search(zh) and en and not CJK.search(en), claim_id
+
+
+def test_drills_show_the_fact_checks_verdict():
+    """One verdict per claim: a drill covering a claim prints the fact-check's finding."""
+    from minipaged.kit.quiz import factcheck
+
+    for d in DRILLS:
+        for claim, verdict, why in d.answer(SMALL).verdicts:
+            f = next(f for f in map(SMALL.finding, factcheck.CHECKS) if f.quote == claim)
+            assert (verdict, why) == (f.verdict, f.right), d.key
 
 
 @pytest.mark.parametrize("drill", DRILLS, ids=[d.key for d in DRILLS])
@@ -72,7 +95,7 @@ def test_every_answer_measures_and_says_how(drill):
     assert a.commands, f"{drill.key}: no command to reproduce the answer"
     for cmd in a.commands:
         assert cmd.startswith(("minipaged ", "python ", "less ")), cmd
-    if drill.source != "seed pitfall 3":
+    if drill.key != "pitfall-vllm-only":
         assert a.figures, f"{drill.key}: no measured figure"
     for _claim, verdict, why in a.verdicts:
         assert verdict in ("holds", "off", "unsupported") and why
@@ -82,7 +105,7 @@ def test_every_answer_measures_and_says_how(drill):
 
 def test_seed_errors_are_called_out():
     by_key = {d.key: d for d in DRILLS}
-    for key in ("follow-up-1", "follow-up-2", "refcount-cap", "no-replacement"):
+    for key in ("question", "follow-up-1", "follow-up-2", "refcount-cap", "no-replacement"):
         verdicts = [v for _c, v, _w in by_key[key].answer(SMALL).verdicts]
         assert "off" in verdicts, key
 
@@ -95,15 +118,15 @@ def test_figures_come_from_the_package(monkeypatch):
         return 12345 * entry_bytes
 
     monkeypatch.setattr(memory, "block_table_bytes", fake_table_bytes)
-    figs = dict(drills._answer_follow_up_1(SMALL).figures)
+    figs = dict(drills_answer.follow_up_1(SMALL).figures)
     assert figs["block table, 128K tokens, BS 16, int32"] == quiz.nbytes(12345 * 4)
 
-    from minipaged.paged import block_manager as kv_cache
+    import minipaged
 
-    real = kv_cache.KVCacheManager.ref_count
-    monkeypatch.setattr(kv_cache.KVCacheManager, "ref_count",
+    real = minipaged.KVCacheManager.ref_count
+    monkeypatch.setattr(minipaged.KVCacheManager, "ref_count",
                         lambda self, b: real(self, b) + 1000)
-    figs = dict(drills._answer_refcount_cap(SMALL).figures)
+    figs = dict(drills_answer.refcount_cap(Context(num_requests=30)).figures)
     assert figs["reference count of a block after 100 forks"] == "1101"
 
 
@@ -129,7 +152,7 @@ def test_interactive_reveal_and_quit(monkeypatch):
         prompts.append(prompt)
         return next(keys)
 
-    monkeypatch.setattr(quiz, "_wait_key", fake_key)
+    monkeypatch.setattr(quiz, "wait_key", fake_key)
     console = Console(record=True, width=120, color_system=None)
     chosen = select(list(DRILLS), ["refcount-cap", "gqa", "x-packing"])
     assert run_quiz(chosen, SMALL, answers=False, interactive=True, console=console) == 0
@@ -140,7 +163,7 @@ def test_interactive_reveal_and_quit(monkeypatch):
 
 
 def test_select_by_number_and_key_and_reject_unknown():
-    assert select(list(DRILLS), ["1", "gqa"])[0].key == "seed"
+    assert select(list(DRILLS), ["1", "gqa"])[0].key == "question"
     with pytest.raises(ValueError, match="names no drill"):
         select(list(DRILLS), ["nope"])
     with pytest.raises(ValueError, match="num_requests"):
@@ -169,9 +192,10 @@ def test_cli_answers_worksheet_and_errors():
     assert sheet.returncode == 0
     assert "measured now" not in sheet.stdout and "--answers" in sheet.stdout
     bad = _cli("--only", "nope")
-    assert bad.returncode == 2 and "names no drill" in bad.stdout
+    assert bad.returncode == 2 and "minipaged quiz: --only='nope' names no drill" in bad.stderr
     bad = _cli("--seed", "-1")
-    assert bad.returncode == 2 and "seed=-1" in bad.stdout and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "--seed=-1 must be >= 0" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_glossary_names_every_key_term_in_both_languages():

@@ -148,7 +148,8 @@ def test_present_cli():
     assert "Exercises" in run.stdout
     missing = subprocess.run([sys.executable, "-m", "minipaged", "present", "nope.md"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
-    assert missing.returncode == 2 and "does not exist" in missing.stdout
+    assert missing.returncode == 2 and "minipaged present: deck='nope.md' does not exist" in \
+        missing.stderr
 
 
 def test_numbers_typed_into_the_deck_are_the_packages():

@@ -14,7 +14,6 @@ Every picture is drawn from the real managers of this package (``KVCacheManager`
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import os
@@ -24,51 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console, RenderableType
-
-HELP = """\
-Watch a paged KV cache work, one step at a time. Scenes, in tour order:
-
-  fragmentation  the same requests in a contiguous cache (max / pow2 / oracle reservations)
-                 and in a paged cache, with the waste of each (vLLM paper Fig. 2)
-  paging         block tables growing token by token; slot = block * block_size + offset
-  fork           parallel sampling: forked sequences share blocks, copy-on-write on append
-  beam           beam search: forking candidates and freeing dropped beams
-  prefix         a shared system prompt: prefix-cache hits and LRU eviction
-  preempt        a pool too small: swapping to a CPU pool and back, and recomputation
-  attention      a query walking its block table; the output equals dense attention
-  model          the tiny trained model generating through the paged engine: real text in
-                 the blocks, two samples sharing the prompt, copy-on-write (needs torch)
-
-Without SCENE, plays all scenes this checkout supports, in order (--list says which).
-Keys: space or right arrow = next, a = autoplay on/off, q = quit. When stdout is not a
-terminal the demo plays through without waiting and exits 0.
-"""
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "demo",
-        help="the classroom demo: live pictures of block tables, sharing and preemption",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("scene", nargs="?", default=None, metavar="SCENE",
-                        help="one scene to play (default: the whole tour); see the list above")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="random seed for the requests (same seed, same pictures; default 0)")
-    parser.add_argument("--width", type=int, default=None,
-                        help="force the layout width in columns (>= 60), e.g. for a projector")
-    parser.add_argument("--speed", type=float, default=1.5,
-                        help="seconds per frame when autoplaying (default 1.5)")
-    parser.add_argument("--autoplay", action="store_true",
-                        help="start in autoplay (press a to pause)")
-    parser.add_argument("--svg", metavar="DIR", default=None,
-                        help="also write each frame as an SVG file into DIR")
-    parser.add_argument("--html", metavar="DIR", default=None,
-                        help="also write each frame as an HTML file into DIR")
-    parser.add_argument("--list", action="store_true",
-                        help="list the scenes and whether this checkout can play them")
-    parser.set_defaults(func=run)
 
 
 def layout_width(console: Console, forced: int | None) -> int:
@@ -118,7 +72,8 @@ def record(renderable: RenderableType, width: int, path: Path, title: str) -> No
         rec.save_html(str(path))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
+    """Play the scenes ``args`` (``minipaged demo``'s parsed arguments) ask for."""
     from minipaged.kit.viz.scenes import SCENES, intro_frame
 
     console = Console()

@@ -60,13 +60,16 @@ def _usage_from_fractions(fr: dict[str, float], total: int = 1000):
 
 
 @functools.cache
-def _fig2_fractions(policy: str) -> dict[str, float]:
-    """Time-averaged KV usage fractions of one policy in the Fig. 2 simulation (cached: the
-    usage chart and the fact-check table both read them, so they always agree)."""
-    from minipaged.sim.simulator import SimConfig, simulate
+def _context():
+    """The measurements the deck shows, shared with the fact-check table (one run each)."""
+    from minipaged.kit.quiz import Context
 
-    r = simulate(SimConfig(policy=policy, num_requests=SIM_REQUESTS, seed=SEED))
-    return dict(r.kv_usage_saturated or r.kv_usage)
+    return Context(SIM_REQUESTS, SEED)
+
+
+def _fig2_fractions(policy: str) -> dict[str, float]:
+    """Time-averaged KV usage fractions of one policy in the Fig. 2 simulation."""
+    return dict(_context().fig2()[policy]["usage"])
 
 
 def _fig2() -> RenderableType:
@@ -128,21 +131,17 @@ def _kv_fits() -> RenderableType:
 
 
 def _seed_wrong() -> RenderableType:
-    """The "What the seed answer gets wrong" table: each row is a fact-check claim measured
-    as the figure is drawn (the utilisation row reuses the Fig. 2 simulation above)."""
+    """The "What the interview answer gets wrong" table: each row is a fact-check finding
+    measured as the figure is drawn (the utilisation row reuses the Fig. 2 simulation)."""
     from rich.table import Table
 
-    from minipaged.kit import factcheck as fc
-
-    ctx = fc.Context(quick=False, seed=SEED)
+    ctx = _context()
     orca = [_fig2_fractions(p)["token"] for p in ("orca-max", "orca-pow2", "orca-oracle")]
-    ref = fc.c_refcap(ctx).figures
-    t32 = fc.c_block_table_32k(ctx).figures
-    t128 = fc.c_128k(ctx).figures
-    b33 = fc.c_33_tokens(ctx).figures
-    nr = fc.c_no_replacement(ctx).figures
-    t = Table(title="What the seed answer gets wrong (minipaged factcheck)")
-    t.add_column("the seed claims")
+    ref, t32, t128, b33, nr = (ctx.finding(c).figures for c in (
+        "refcount-cap", "block-table-32k", "block-table-128k", "block-32-example",
+        "no-page-replacement"))
+    t = Table(title="What the interview answer gets wrong (minipaged factcheck)")
+    t.add_column("the interview answer claims")
     t.add_column("minipaged measures")
     t.add_row("30-60% utilisation before paging",
               f"{100 * min(orca):.0f}-{100 * max(orca):.0f}% token states "
@@ -154,8 +153,8 @@ def _seed_wrong() -> RenderableType:
     t.add_row("33 tokens: 48% -> 94% waste at BS 32",
               f"{100 * b33['paged_16']:.0f}% at BS 16, {100 * b33['paged_32']:.0f}% at BS 32")
     t.add_row("no page replacement needed",
-              f"{nr['preemptions']} preemptions in a 2 GiB cache, "
-              f"{nr['evictions']} LRU evictions")
+              f"{nr['preemptions']} preemptions in a 2 GiB cache; an LRU-evicted prefix "
+              f"hits {nr['hit_before']} -> {nr['hit_after']} tokens")
     return t
 
 
@@ -186,6 +185,12 @@ def figure_specs() -> list[Figure]:
         Figure("seed_wrong", "minipaged factcheck", _seed_wrong),
     ]
     return figs
+
+
+def default_dir() -> Path:
+    """``slides/figures`` of the checkout the command runs in, else the one beside the package."""
+    here = Path.cwd() / "slides"
+    return (here if here.is_dir() else Path(__file__).resolve().parents[2] / "slides") / "figures"
 
 
 def render(fig: Figure) -> tuple[str, str]:

@@ -1,27 +1,16 @@
-"""``minipaged present slides/NAME.md``: a terminal presenter for the Marp deck.
+"""A terminal presenter for the Marp deck: ``minipaged present slides/NAME.md``.
 
 What it teaches: nothing new; it lets a teacher present the course in a classroom without a
 browser, from the very Markdown that Marp renders to HTML and PDF. It pages through the slides
 (``---`` separators, Marp's front matter skipped), shows each image as the plain-text twin of
-its SVG (``slides/figures/NAME.txt``, written by ``--build-figures``), shows speaker notes
-(HTML comments) with ``n``, and plays a live demo scene where a slide says
-``<!-- demo: SCENE -->``.
-
-Keys in a terminal: space / right / enter = next, b / left = back, n = notes on/off,
-d = play the slide's demo scene, q = quit. When stdout is not a terminal every slide is
-printed once, nothing waits, exit 0.
-
-    minipaged present slides/pagedattention.md
-    minipaged present slides/pagedattention.md --notes --slide 12
-    minipaged present --build-figures      regenerate slides/figures/ (demo + simulator)
-    minipaged present --check-figures      exit 1 if a committed figure is stale
+its SVG (``slides/figures/NAME.txt``, written by ``figures.py``), shows speaker notes (HTML
+comments) and plays a live demo scene where a slide says ``<!-- demo: SCENE -->``. The keys and
+options are in ``minipaged present --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,9 +105,9 @@ def play_demo(scene: str, console, *, interactive: bool) -> None:
 
 
 def _key(prompt: str) -> str:
-    from minipaged.kit.quiz import _wait_key
+    from minipaged.kit.quiz import wait_key
 
-    return _wait_key(prompt)
+    return wait_key(prompt)
 
 
 def present(path: Path, *, notes: bool, start: int, interactive: bool, console=None) -> int:
@@ -150,63 +139,3 @@ def present(path: Path, *, notes: bool, start: int, interactive: bool, console=N
             i = max(0, i - 1)
         else:
             i = min(len(slides) - 1, i + 1)
-
-
-def default_figures_dir() -> Path:
-    here = Path.cwd() / "slides" / "figures"
-    if here.parent.is_dir():
-        return here
-    return Path(__file__).resolve().parents[2] / "slides" / "figures"
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "present", help="present the slide deck in the terminal; regenerate its figures",
-        description=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("deck", nargs="?", metavar="slides/NAME.md", help="the Marp deck to present")
-    p.add_argument("--notes", action="store_true", help="show speaker notes from the start")
-    p.add_argument("--slide", type=int, default=1, help="start at this slide (1-based)")
-    p.add_argument("--build-figures", action="store_true",
-                   help="regenerate every figure in slides/figures/ (demo frames + simulator)")
-    p.add_argument("--check-figures", action="store_true",
-                   help="exit 1 when a committed figure differs from a fresh rendering")
-    p.add_argument("--figures-dir", type=Path, default=None,
-                   help="where the figures live (default slides/figures)")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console()
-    out = args.figures_dir or default_figures_dir()
-    if args.build_figures or args.check_figures:
-        from minipaged.kit import figures
-
-        if args.build_figures:
-            with console.status("drawing figures..."):
-                made = figures.build(out)
-            console.print(f"wrote {len(made)} figures (.svg + .txt) and manifest.json to {out}")
-            return 0
-        bad = list(figures.stale(out))
-        if bad:
-            console.print(f"[red]stale or missing figures:[/] {', '.join(bad)}\n"
-                          f"regenerate with: minipaged present --build-figures")
-            return 1
-        console.print("every figure is up to date")
-        return 0
-    if not args.deck:
-        console.print("[red]minipaged present:[/] name a deck, e.g. slides/pagedattention.md")
-        return 2
-    path = Path(args.deck)
-    if not path.is_file():
-        console.print(f"[red]minipaged present:[/] deck {args.deck!r} does not exist")
-        return 2
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    try:
-        return present(path, notes=args.notes, start=args.slide, interactive=interactive,
-                       console=console)
-    except ValueError as e:
-        console.print(f"[red]minipaged present:[/] {e}")
-        return 2

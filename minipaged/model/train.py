@@ -1,7 +1,7 @@
 """Train the tiny counting model that ships with the package (seeded, a few minutes of CPU).
 
 Run:  python -m minipaged.model.train            (writes checkpoints/count.pt and count.json)
-      python -m minipaged.model.train --steps 50 --out /tmp/x.pt   (a quick smoke run)
+      minipaged train --steps 50 --out /tmp/x.pt   (other settings; here a quick smoke run)
 
 What it does: draws counting examples from corpus.py (held-out starts never included), trains
 the decoder of decoder.py with AdamW on next-token cross-entropy over the *completion* tokens
@@ -20,7 +20,6 @@ of float sums. On one busy laptop core it takes 5 to 15 minutes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -121,18 +120,5 @@ def train(s: TrainSettings, out_path, log=print) -> dict:
     return report
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = TrainSettings()
-    for name, value in asdict(d).items():
-        p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
-    p.add_argument("--out", default=str(DEFAULT_CHECKPOINT))
-    a = p.parse_args(argv)
-    s = TrainSettings(**{k: getattr(a, k) for k in asdict(d)})
-    train(s, a.out)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    train(TrainSettings(), DEFAULT_CHECKPOINT)

@@ -26,7 +26,7 @@ from minipaged.sim.workloads import make_workload
 
 EXPERIMENTS_HELP = __doc__
 
-# The paper's figures (../shared/reference/vllm-facts.md), [fig] = read off a figure.
+# The paper's figures (Kwon et al., SOSP 2023), [fig] = read off a figure.
 PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV memory
     "orca-max": (20.4, 13.3, 57.3, 8.9),
     "orca-pow2": (26.8, 17.9, 13.6, 41.6),
@@ -36,11 +36,6 @@ PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV
 PAPER_FIG15_ALPACA = {"parallel": {2: 6.09, 4: 8.53, 6: 9.79},
                       "beam": {2: 37.56, 4: 53.13, 6: 55.16}}
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
-
-
-def _progress(console, label: str):
-    from minipaged.sim.commands import progress_bar
-    return progress_bar(console, label)
 
 
 def _pct(x: float | None) -> str:

@@ -1,9 +1,9 @@
 """How many tokens fit: KV bytes per token, token slots, blocks, and the block table's own size.
 
 What this teaches: the KV cache budget of a real deployment is simple arithmetic, and the
-seed answer's block-table figures can be checked with it. Paper: section 3 (Table 1: OPT-13B on
+interview answer's block-table figures can be checked with it. Paper: section 3 (Table 1: OPT-13B on
 one A100-40GB leaves about 12 GB for the KV cache, about 15.7K token slots, 800 KB per token).
-Read next: ``cost.py``; ``minipaged kv-calc --help`` runs this module.
+Read next: ``cost.py``. ``minipaged kv-calc`` prints these figures.
 
     KV bytes per token = 2 (K and V) x num_layers x num_kv_heads x head_size x bytes per element
     token slots        = KV cache bytes // KV bytes per token
@@ -16,8 +16,6 @@ Units: "GB" in the paper's Table 1 is GiB (12 GiB / 800 KiB = 15,728 slots, the 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import dataclass
 
@@ -162,86 +160,6 @@ def kv_calc(p: MemoryPreset, *, block_size: int = 16, context_len: int = 2048,
         "block_table_bytes_total": bt * num_requests,
         "requests_that_fit": p.num_token_slots // max(context_len, 1),
     }
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    p = preset(args.model, kv_cache_gb=args.kv_cache_gb)
-    if any(v is not None for v in (args.layers, args.kv_heads, args.head_size, args.dtype_bytes)):
-        m = p.model
-        m = ModelSpec(f"{m.name} (custom)", args.layers or m.num_layers,
-                      args.kv_heads or m.num_kv_heads, args.kv_heads or m.num_kv_heads,
-                      args.head_size or m.head_size, m.num_params,
-                      args.dtype_bytes or m.dtype_bytes, m.max_model_len)
-        p = MemoryPreset(m, p.gpu, p.kv_cache_bytes)
-    r = kv_calc(p, block_size=args.block_size, context_len=args.context_len,
-                num_requests=args.num_requests, entry_bytes=args.entry_bytes)
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return 0
-    t = Table(title=f"KV cache of {r['model']} on {r['gpu']}")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("how")
-    rows = [
-        ("KV bytes per token", _fmt_bytes(r["kv_bytes_per_token"]),
-         "2 x layers x kv_heads x head_size x dtype bytes"),
-        ("KV cache budget", _fmt_bytes(r["kv_cache_bytes"]), "preset or --kv-cache-gb"),
-        ("token slots", f"{r['token_slots']:,}", "budget // bytes per token"),
-        ("blocks", f"{r['num_blocks']:,}", f"slots // block_size ({r['block_size']})"),
-        ("bytes per block", _fmt_bytes(r["block_bytes"]), "block_size x bytes per token"),
-        ("blocks per request", f"{r['blocks_per_request']:,}",
-         f"ceil(context {r['context_len']} / block_size)"),
-        ("KV per request", _fmt_bytes(r["kv_bytes_per_request"]), "context x bytes per token"),
-        ("block table per request", _fmt_bytes(r["block_table_bytes_per_request"]),
-         f"blocks x {r['entry_bytes']} B per entry"),
-        (f"block tables for {r['num_requests']:,} requests",
-         _fmt_bytes(r["block_table_bytes_total"]), "per request x requests"),
-        ("requests of that context that fit", f"{r['requests_that_fit']:,}",
-         "slots // context"),
-    ]
-    for row in rows:
-        t.add_row(*row)
-    Console().print(t)
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "kv-calc",
-        help="KV cache arithmetic: bytes per token, slots, blocks, block-table size",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", default="opt-13b", choices=sorted(PRESETS),
-                        help="model + GPU preset (opt-13b: A100-40GB with 12 GiB of KV cache, "
-                             "the paper's setting; llama-3-8b: H100-80GB)")
-    parser.add_argument("--kv-cache-gb", type=float, default=None,
-                        help="override the KV cache budget, in GiB")
-    parser.add_argument("--layers", type=int, default=None, help="custom: number of layers")
-    parser.add_argument("--kv-heads", type=int, default=None, help="custom: number of KV heads")
-    parser.add_argument("--head-size", type=int, default=None, help="custom: head size")
-    parser.add_argument("--dtype-bytes", type=int, default=None,
-                        help="custom: bytes per element (2 for fp16, 1 for fp8)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--context-len", type=int, default=2048,
-                        help="tokens per request, for the per-request figures")
-    parser.add_argument("--num-requests", type=int, default=1000,
-                        help="how many requests' block tables to add up")
-    parser.add_argument("--entry-bytes", type=int, default=4,
-                        help="bytes per block-table entry (vLLM: int32 = 4)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.set_defaults(func=_run)
 
 
 __all__ = ["ModelSpec", "GPUSpec", "MemoryPreset", "MODELS", "GPUS", "PRESETS", "preset",

@@ -1,25 +1,15 @@
-"""``minipaged bench NAME``: measured speed, printed as medians and ratios.
+"""Measured speed, printed as medians and ratios: ``minipaged bench NAME``.
 
-Speed lives here and never in timed asserts inside tests: a benchmark prints what it measured on
-this machine (median of several repeats, and the ratio to a baseline measured in the same run),
-and the reader judges. Each benchmark is a module in this package exposing ``register(sub)``.
+Speed lives here, never in timed asserts inside tests: a benchmark prints what it measured on
+this machine (the median of several repeats, and the ratio to a baseline measured in the same
+run), and the reader judges.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import statistics
 import time
 from collections.abc import Callable
-
-BENCH_MODULES: tuple[str, ...] = (
-    "minipaged.kit.bench.allocator",
-    "minipaged.kit.bench.attention",
-    "minipaged.kit.bench.generate",
-    "minipaged.kit.bench.kernel",
-    "minipaged.kit.bench.simulate",
-)
 
 
 def median_time(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 1) -> float:
@@ -34,15 +24,3 @@ def median_time(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 1) 
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "bench",
-        help="measure speed: medians and ratios against a baseline run side by side",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    benches = parser.add_subparsers(dest="bench", metavar="NAME", required=True)
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register(benches)

@@ -1,32 +1,29 @@
-"""``minipaged bench allocator``: block-manager operations per second, against a plain baseline.
+"""Block-manager operations per second, minipaged against a plain baseline, side by side.
 
 A trace of a few thousand requests (shared system prompts + a private suffix, random output
 lengths, some with n = 2 samples) is replayed through a continuous-batching loop: admit requests
 while blocks allow, one decode step appends a token to every running sequence, finished
 requests are freed, and when a step runs out of blocks the newest request is dropped (preempted
-by recomputation, re-queued). Every ``allocate`` / ``append_slot`` / ``fork`` / ``free`` is
-timed, and the same trace runs through two managers side by side:
+by recomputation, re-queued). Every allocate / append_slot / fork / free is timed, and the same
+trace runs through two managers:
 
-    minipaged    ``kv_cache.KVCacheManager`` (list free stack, LRU deque with O(1) lazy
-                 removal from the middle, chained hashes verified by token ids and parent)
-    plain        ``PlainBlockManager`` below: the obvious way, in the style of compact engines:
-                 a deque free list, a dict hash -> block, a Block object per block, a cache hit
-                 on a free block removed from the deque by value (O(NB)).
+    minipaged    KVCacheManager, the manager the lessons build
+    plain        PlainBlockManager: the obvious way, in the style of compact engines: a deque
+                 free list, a dict hash -> block, a Block object per block, a cache hit on a
+                 free block removed from the deque by value (O(NB))
 
-With prefix caching the n samples of a request are n allocations (vLLM v1); without it they
-are a fork (vLLM v0 copy-on-write). The ratio printed is plain time / minipaged time per
-operation type (above 1 means minipaged is faster), from the times summed over every run.
+With prefix caching the n samples of a request are n allocations (vLLM v1); without it they are
+a fork (vLLM v0 copy-on-write). The ratio printed is minipaged ops/s over plain ops/s per
+operation type (above 1: minipaged is faster), from the times summed over every run.
 
-How it stays fair on a busy machine: the two managers do not run one after the other. Each
-replays the trace in short chunks (``--chunk`` scheduling steps), alternating A B B A ..., so a
-burst of load from another process hits both; the caption gives the median and quartiles of
-the per-chunk ratio as a measure of the spread. Both do the same operations (same counts, same
-prefix hits: tests/test_block_bench.py checks it).
+Fair on a busy machine: the managers replay the trace in short chunks (--chunk scheduling
+steps), alternating A B B A ..., so a burst of load from another process hits both; the caption
+gives the median and quartiles of the per-chunk ratio as a measure of the spread. Both do the
+same operations (same counts, same prefix hits).
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import deque
 
@@ -148,21 +145,24 @@ OPS = ("allocate", "append", "fork", "free")
 _DONE = object()  # next(generator, _DONE): the replay has ended
 
 
-def replay(mgr, trace, prefix: bool, max_running: int = 48) -> dict[str, list[float]]:
+MAX_RUNNING = 48  # requests in the batch at most, like a scheduler's max_num_seqs
+
+
+def replay(mgr, trace, prefix: bool) -> dict[str, list[float]]:
     """Run the whole trace through ``mgr``; returns [seconds, count] per operation type."""
     stats = {op: [0.0, 0] for op in OPS}
-    for _ in replay_steps(mgr, trace, prefix, stats, max_running):
+    for _ in replay_steps(mgr, trace, prefix, stats):
         pass
     return stats
 
 
 def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
-                 max_running: int = 48, steps_per_chunk: int = 1):
+                 steps_per_chunk: int = 1):
     """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps, adding
     [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
     managers in short chunks of the same trace, so that load from other processes falls on
     both alike instead of on whichever whole run it happened to hit."""
-    from minipaged.paged.block_allocator import OutOfBlocksError
+    from minipaged import OutOfBlocksError
 
     full = (OutOfBlocksError, MemoryError)
     pc = time.perf_counter
@@ -183,7 +183,7 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
             timed("free", mgr.free, s)
 
     while waiting or running:
-        while waiting and len(running) < max_running:
+        while waiting and len(running) < MAX_RUNNING:
             r = waiting[0]
             prompt, out_len, n = trace[r]
             seqs = []
@@ -198,8 +198,9 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
                 for s in seqs:
                     timed("free", mgr.free, s)
                 if not running:
-                    raise SystemExit(f"request {r} does not fit in an empty cache: "
-                                     "raise --num-blocks") from None
+                    raise ValueError(f"request {r} ({len(prompt)} prompt tokens, {n} "
+                                     "samples) does not fit in an empty cache; expected a "
+                                     "larger --num-blocks") from None
                 break
             waiting.popleft()
             running[r] = [seqs, out_len]
@@ -222,20 +223,6 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
         step += 1
         if step % steps_per_chunk == 0:
             yield
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("allocator", help="block manager ops/s: minipaged vs a plain manager",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=3000, help="requests in the trace")
-    p.add_argument("--num-blocks", type=int, default=2048, help="GPU blocks (default 2048)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="replays of the whole trace per manager (times are summed)")
-    p.add_argument("--chunk", type=int, default=8,
-                   help="scheduling steps per chunk; the managers alternate chunk by chunk")
-    p.add_argument("--quick", action="store_true", help="300 requests, 1 run: a smoke test")
-    p.set_defaults(func=run)
 
 
 def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
@@ -288,17 +275,23 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
     return totals, chunk_ratios
 
 
-def run(args: argparse.Namespace) -> int:
+# Measured with /usr/bin/time: a trace holds about 3 KB per request (its token lists), the two
+# managers about 250 bytes per block together.
+BYTES_PER_REQUEST, BYTES_PER_BLOCK = 4_000, 300
+
+
+def run(args) -> int:
     import statistics
 
     from rich.console import Console
     from rich.table import Table
 
+    from minipaged.kit.cli.run import refuse_if_too_big
+
     if args.quick:
         args.requests, args.repeats = 300, 1
-    if min(args.requests, args.num_blocks, args.block_size, args.repeats, args.chunk) < 1:
-        raise SystemExit("--requests, --num-blocks, --block-size, --repeats and --chunk "
-                         "must be >= 1")
+    refuse_if_too_big(f"--requests={args.requests} and --num-blocks={args.num_blocks}",
+                      args.requests * BYTES_PER_REQUEST + args.num_blocks * BYTES_PER_BLOCK)
     trace = make_trace(args.requests)
     console = Console()
     for prefix in (False, True):

@@ -1,4 +1,4 @@
-"""``minipaged bench generate``: tokens per second, paged engine versus the reference generator.
+"""Tokens per second of the paged engine and of the reference generator, side by side.
 
 Both generate greedy completions for the same requests (32 prompts by default, "count down
 from 59:" down to "count down from 28:") with the shipped tiny model on the CPU. The reference
@@ -12,33 +12,21 @@ weights, paper section 2.3).
 
 from __future__ import annotations
 
-import argparse
 
+def run(args) -> int:
+    import importlib.util
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="tokens/s of the paged engine vs the reference generator",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=32, help="concurrent requests (default 32)")
-    p.add_argument("--max-tokens", type=int, default=64,
-                   help="new tokens per request, at most (default 64)")
-    p.add_argument("--block-size", type=int, default=16,
-                   help="token slots per block of the paged engine (default 16); the reference "
-                        "generator has no blocks")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed runs, the median is reported (default 3)")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    try:
-        import torch
-    except ImportError:
-        Console(stderr=True).print("bench generate needs torch: pip install 'minipaged[torch]'")
-        return 2
+    from minipaged.kit.cli.run import TORCH_HINT, refuse_if_too_big
+
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_HINT)
+    refuse_if_too_big(f"--requests={args.requests} and --block-size={args.block_size}",
+                      args.requests * 50_000 + 4096 * args.block_size * 1024)
+    import torch
+
     from minipaged.kit.bench import median_time
     from minipaged.model import corpus
     from minipaged.model.checkpoint import load_model
@@ -46,17 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from minipaged.model.reference import ReferenceGenerator
     from minipaged.model.sampling import SamplingParams
 
-    for flag in ("requests", "max_tokens", "repeats", "block_size"):
-        if getattr(args, flag) < 1:
-            Console(stderr=True).print(f"bench generate: --{flag.replace('_', '-')}="
-                                       f"{getattr(args, flag)} must be >= 1")
-            return 2
     torch.set_num_threads(1)
     model = load_model()
     starts = corpus.all_starts()
     prompts = [corpus.prompt_for(starts[-1 - i % len(starts)]) for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens)
-    llm = LLM(model, num_blocks=4096, block_size=args.block_size)
+    llm = LLM(model, num_blocks=4096, block_size=args.block_size)  # 1 KiB a slot at most
     ref = ReferenceGenerator(model)
     counts = {}
 
@@ -68,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
     t_paged = median_time(run_engine, repeats=args.repeats, warmup=1)
     t_ref = median_time(run_ref, repeats=args.repeats, warmup=0)
-    if counts["paged"] != counts["ref"]:
-        raise SystemExit(f"token counts differ: paged {counts['paged']} vs ref {counts['ref']}")
+    if counts["paged"] != counts["ref"]:   # not bad input: a bug, so a traceback is right
+        raise AssertionError(f"token counts differ: paged {counts['paged']}, reference "
+                             f"{counts['ref']}")
     table = Table(title=f"{args.requests} concurrent requests, greedy, <= {args.max_tokens} "
                         f"new tokens each (torch threads 1, median of {args.repeats})")
     for col in ("generator", "tokens", "seconds", "tokens/s"):

@@ -1,4 +1,4 @@
-"""``minipaged bench kernel``: the paged attention CUDA kernel, checked first, then timed.
+"""The paged attention CUDA kernel, checked against the NumPy oracle first, then timed.
 
 Decode attention: every sequence has one new query token and ``ctx`` tokens of K/V in the paged
 cache (blocks scattered at random over the pool). Decode attention is bandwidth-bound (see the
@@ -11,7 +11,7 @@ of a large array; bytes read + written / time), and the time as a ratio to a con
 
     --backend cupy  the GPU kernel (NVRTC via CuPy). Defaults: S=64, H=32, Hkv=8, D=128, BS=16,
                     float16, contexts 1K/4K/16K. Baseline: torch's scaled_dot_product_attention
-                    on the same K/V stored contiguously. Targets (issue 5): at least 70% of copy
+                    on the same K/V stored contiguously. Targets: at least 70% of copy
                     bandwidth at 4K and above, within 1.3x of the torch baseline.
     --backend cpu   the same kernel on the CPU emulation harness: a correctness and teaching
                     tool, not a fast path (every CUDA thread is a fiber). Defaults are small;
@@ -23,31 +23,10 @@ the GPU, with the torch baseline at every size); a mismatch stops the benchmark 
 
 from __future__ import annotations
 
-import argparse
 import math
 
+from minipaged._checks import cdiv
 from minipaged.kit.bench import median_time
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("kernel", help="the CUDA paged attention kernel (GPU via CuPy, or the CPU "
-                       "harness): correctness, then time, bandwidth and a contiguous baseline",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("cupy", "cpu"), default="cupy",
-                   help="cupy: the GPU (needs CuPy and a device); cpu: the emulation harness")
-    p.add_argument("--seqs", type=int, default=None, help="S (default 64 on cupy, 2 on cpu)")
-    p.add_argument("--heads", type=int, default=32, help="H, query heads (default 32)")
-    p.add_argument("--kv-heads", type=int, default=8, help="Hkv, KV heads (default 8)")
-    p.add_argument("--head-size", type=int, default=128, choices=(64, 128), help="D")
-    p.add_argument("--block-size", type=int, default=16, choices=(8, 16, 32), help="BS")
-    p.add_argument("--contexts", type=int, nargs="+", default=None,
-                   help="context lengths (default 1024 4096 16384 on cupy, 256 1024 on cpu)")
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float16")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per figure (median)")
-    p.add_argument("--quick", action="store_true",
-                   help="a tiny configuration that finishes in seconds (for tests)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
 
 
 def _case(rng, s, h, hkv, d, bs, ctx, dtype, xp=None):
@@ -56,7 +35,7 @@ def _case(rng, s, h, hkv, d, bs, ctx, dtype, xp=None):
     import numpy as np
 
     xp = xp or np
-    nblocks = -(-ctx // bs)
+    nblocks = cdiv(ctx, bs)
     nb = s * nblocks
     normal = (lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(dtype)) \
         if xp is np else (lambda shape: xp.random.standard_normal(shape, dtype=xp.float32)
@@ -105,7 +84,7 @@ def _gpu_available() -> str | None:
     try:
         import cupy
     except ImportError:
-        return "CuPy is not installed (pip install 'minipaged[gpu]')"
+        return "CuPy is not installed (from a checkout: python -m pip install -e '.[gpu]')"
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "CuPy sees no CUDA device"
@@ -150,7 +129,7 @@ def _copy_bandwidth(backend: str) -> float:
     return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats=5)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     import numpy as np
     from rich.console import Console
     from rich.table import Table
@@ -173,9 +152,15 @@ def run(args: argparse.Namespace) -> int:
         args.heads, args.kv_heads, args.head_size = 4, 2, 64
         s, contexts, repeats = 1, [64], 1
     if args.heads % args.kv_heads:
-        console.print(f"[red]--heads {args.heads} is not a multiple of --kv-heads "
-                      f"{args.kv_heads}[/]")
-        return 2
+        raise ValueError(f"--heads={args.heads} must be a multiple of --kv-heads="
+                         f"{args.kv_heads}")
+    if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
+        from minipaged.kit.cli.run import refuse_if_too_big
+
+        itemsize = 2 if args.dtype == "float16" else 4
+        refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads="
+                          f"{args.kv_heads}", 4 * s * (max(contexts) + args.block_size)
+                          * args.kv_heads * args.head_size * itemsize)
 
     from minipaged.cuda import paged_attention as kernel
 

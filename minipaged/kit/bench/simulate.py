@@ -1,41 +1,27 @@
-"""``minipaged bench simulate``: how fast the simulator runs, in requests simulated per second.
+"""How fast the simulator runs, in requests simulated per second.
 
-It runs the ShareGPT workload (paged policy, block 16, OPT-13B memory, all requests arriving at
-t=0: the most preemption, the worst case) for 1K, 10K and 100K requests (``--quick``: 200 and
-1K) and prints wall and CPU seconds, requests per second and decode tokens per second. The cost
-is linear in the requests: per token, one ``KVCacheManager.append_slot`` call, one scheduler
-loop iteration and one sampled token; per step, a ``schedule()`` and an ``update()``; every few
-hundred steps a ``usage()`` snapshot. Target: 10K requests in under 20 s on one core.
+It runs the ShareGPT workload (block 16, OPT-13B memory, all requests arriving at t=0: the most
+preemption, the worst case) for 1K, 10K and 100K requests (--quick: 200 and 1K) and prints wall
+and CPU seconds, requests per second and decode tokens per second. The cost is linear in the
+requests: per token, one KVCacheManager.append_slot call, one scheduler loop iteration and one
+sampled token; per step, a schedule() and an update(); every few hundred steps a usage()
+snapshot. Budget: 10K requests in under 10 s on one core.
 """
 
 from __future__ import annotations
 
-import argparse
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="requests simulated per second (1K / 10K / 100K)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="200 and 1K requests only")
-    p.add_argument("--sizes", type=int, nargs="+", default=None,
-                   help="request counts to run (default 1000 10000 100000)")
-    p.add_argument("--policy", default="paged")
-    p.add_argument("--block-size", type=int, default=16)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     import time
 
     from rich.console import Console
     from rich.table import Table
 
-    from minipaged.sim.commands import progress_bar
+    from minipaged.kit.cli.run import check_sim_size, progress_bar
     from minipaged.sim.simulator import SimConfig, simulate
 
     sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])
-    if any(n < 1 for n in sizes):
-        raise SystemExit(f"--sizes {sizes}: every count must be >= 1")
+    check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = Table(title=f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, "
                     f"all arrivals at t=0")
@@ -48,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             w0, c0 = time.perf_counter(), time.process_time()
             r = simulate(cfg, progress=update)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        tokens = r.throughput_tokens_per_s * (r.sim_time_s if r.sim_time_s else 0)
+        tokens = r.throughput_tokens_per_s * r.sim_time_s
         t.add_row(f"{n:,}", f"{wall:.2f}", f"{cpu:.2f}", f"{n / cpu:,.0f}",
                   f"{tokens / cpu:,.0f}", f"{r.num_steps:,}", f"{r.num_preemptions:,}")
     console.print(t)

@@ -11,17 +11,24 @@ again from each exercise's rules. ``exercises/README.md`` lists the exercises.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
 
-from minipaged.kit.grader.core import Exercise, exercise_name_in, grade
+from minipaged.kit.grader.core import (
+    CaseFailure,
+    Exercise,
+    GradeResult,
+    exercise_name_in,
+    expect,
+    grade,
+)
 
 # Modules holding the hidden cases; each defines one or more ``Exercise`` objects named EX_*.
 CASE_MODULES = ("ex_memory", "ex_blocks", "ex_attention", "ex_sharing", "ex_scheduling",
                 "ex_formats")
 
-__all__ = ["all_exercises", "exercises_dir", "grade", "register", "resolve"]
+__all__ = ["CaseFailure", "Exercise", "GradeResult", "all_exercises", "exercises_dir",
+           "expect", "grade", "resolve"]
 
 
 def all_exercises() -> dict[str, Exercise]:
@@ -64,63 +71,6 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
         raise ValueError(f"there is no exercise {spec!r}; expected one of {known}")
     file = exercises_dir() / ("solutions" if solution else "") / f"{matches[0].name}.py"
     if not file.is_file():
-        raise ValueError(f"exercise {matches[0].name} should be at {file}, which does not "
-                         f"exist; pass the path of your copy instead")
+        raise ValueError(f"exercise {matches[0].name} should be at {file}, which does not exist; "
+                         f"pass the path of your copy instead")
     return matches[0], file
-
-
-HELP = """\
-Grade your answer to an exercise with hidden tests.
-
-  minipaged check 6                      grades exercises/06_paged_gather.py
-  minipaged check ~/work/my_gather.py    grades a copy anywhere (its EXERCISE line says which)
-  minipaged check --list                 lists the exercises
-  minipaged check 6 --solution           grades the reference solution (a spoiler)
-
-Prints which cases pass, the first failing case with its inputs, expected and actual values,
-and a hint. Exits 0 when every case passes, 1 otherwise, 2 when the argument names nothing.
-"""
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("check", help="grade an exercise with hidden tests",
-                              description=HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-13) or the path of your file")
-    p.add_argument("--list", action="store_true", help="list the exercises and exit")
-    p.add_argument("--solution", action="store_true",
-                   help="grade exercises/solutions/NN_*.py instead (spoiler)")
-    p.add_argument("--timeout", type=float, default=20.0,
-                   help="seconds one case may run before it is stopped, so an endless loop "
-                        "is reported instead of hanging (default 20; 0 = no limit)")
-    p.set_defaults(func=run_check)
-
-
-def run_check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from minipaged.kit.grader.report import print_report
-
-    console = Console()
-    if args.list or not args.exercise:
-        table = Table(title="exercises (minipaged check NUMBER)")
-        table.add_column("#", justify="right")
-        table.add_column("file")
-        table.add_column("topic")
-        table.add_column("cases", justify="right")
-        for ex in all_exercises().values():
-            table.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
-        console.print(table)
-        return 0 if args.list else 2
-    try:
-        if not args.timeout >= 0:
-            raise ValueError(f"--timeout={args.timeout} must be >= 0 seconds (0 = no limit)")
-        exercise, path = resolve(args.exercise, solution=args.solution)
-    except ValueError as e:
-        Console(stderr=True).print(f"[red]minipaged check:[/] {e}", highlight=False)
-        return 2
-    result = grade(exercise, path, timeout_s=args.timeout)
-    print_report(result, console)
-    return 0 if result.passed else 1

@@ -262,8 +262,10 @@ def grade(exercise: Exercise, path: Path, *, timeout_s: float = 20.0) -> GradeRe
             or not timeout_s >= 0:
         raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds >= 0")
     path = Path(path)
-    try:
-        module = load_module(path)
+    loaded: list[ModuleType] = []
+    try:  # the import runs the file's top level: an endless loop there is stopped too
+        _with_timeout(lambda: loaded.append(load_module(path)), timeout_s)
+        module = loaded[0]
     except ValueError as e:
         return GradeResult(exercise, path, [], load_error=str(e))
     missing = [f for f in exercise.functions if not hasattr(module, f)]

@@ -3,7 +3,7 @@
 What it teaches: the words vLLM and the paper use, so that a learner can read the code, the
 paper and a Chinese interview question with the same concepts. Five words must never blur:
 token position, logical block, physical block, slot, reference count.
-``minipaged quiz --glossary`` prints this table. Read next: ``minipaged/quiz.py``.
+``minipaged quiz --glossary`` prints this table.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ GLOSSARY: tuple[Term, ...] = (
     Term("logical block", "逻辑块", "block i of a sequence: token positions i*BS .. i*BS+BS-1"),
     Term("physical block", "物理块", "block id in the pool [NB, Hkv, BS, D] where K/V live"),
     Term("block table", "块表",
-         "per sequence: logical block -> physical block (int32, padded with -1 in a batch)"),
+         "per sequence: logical block -> physical block, one int32 entry per logical block"),
     Term("slot", "槽位", "physical_block * BS + offset: where one token's K/V are stored"),
     Term("slot mapping", "槽位映射", "the slot of every new token, used by reshape_and_cache"),
     Term("reference count", "引用计数", "how many block-table entries point at a physical block"),
@@ -45,7 +45,7 @@ GLOSSARY: tuple[Term, ...] = (
     Term("sequence group", "序列组",
          "all samples or beams of one request; scheduled and preempted together"),
     Term("prefix caching", "前缀缓存",
-         "reuse full blocks of earlier requests found by a chained hash (vLLM v1)"),
+         "reuse full blocks of earlier requests found by a chained hash (vLLM v0 and v1)"),
     Term("block hash", "块哈希", "hash(parent block's hash, this block's token ids)"),
     Term("eviction", "驱逐", "dropping a cached free block's hash when its memory is reused"),
     Term("continuous batching", "连续批处理",

@@ -1,0 +1,143 @@
+"""Interview drills answered by the code (``minipaged quiz``), and the fact-check behind them.
+
+What it teaches: how to answer the PagedAttention interview question and a dozen more that a
+strong interviewer asks, with every number in every answer computed as it prints by the
+package (the calculator, cost model and simulator in ``minipaged/sim/``, the block managers,
+the attention code). The package, in reading order:
+
+    answer.py            the interview answer (a model answer to "explain vLLM's
+                         PagedAttention" that the course fact-checks), as data
+    context.py           what the drills and the fact-check share: one Context of
+                         measurements, pct and nbytes
+    factcheck.py         every claim of the interview answer, measured, with one verdict
+    drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
+    drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
+    drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
+    glossary.py          the course's vocabulary in English and Chinese
+
+This module runs the drills: one at a time in a terminal (a key reveals each answer), all at
+once with ``--answers``, or as a worksheet of questions when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory
+from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+
+DRILLS: tuple[Drill, ...] = drills_answer.DRILLS + drills_memory.DRILLS + drills_mechanics.DRILLS
+
+__all__ = ["DRILLS", "Answer", "Context", "Drill", "answer_renderable", "decode_key", "nbytes",
+           "pct", "run_quiz", "select", "wait_key"]
+
+VERDICT_STYLE = {"holds": "green", "off": "red", "unsupported": "yellow"}
+
+
+def select(drills: list[Drill], only: list[str] | None) -> list[Drill]:
+    """Drills picked by key or 1-based number; ValueError naming an unknown one."""
+    if not only:
+        return drills
+    keys = {d.key: d for d in drills}
+    out = []
+    for o in only:
+        if o.isdigit() and 1 <= int(o) <= len(drills):
+            out.append(drills[int(o) - 1])
+        elif o in keys:
+            out.append(keys[o])
+        else:
+            raise ValueError(f"--only={o!r} names no drill; expected 1..{len(drills)} or one "
+                             f"of {', '.join(keys)}")
+    return out
+
+
+def question_panel(i: int, total: int, d: Drill):
+    from rich.panel import Panel
+    from rich.text import Text
+
+    body = Text()
+    body.append(d.zh + "\n", style="bold")
+    body.append(d.en)
+    return Panel(body, title=Text(f"{i}/{total}  [{d.key}]  {d.source}"), title_align="left",
+                 border_style="cyan")
+
+
+def answer_renderable(a: Answer):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list = [Text(a.text)]
+    if a.figures:
+        t = Table(title="measured now", title_justify="left", show_header=False)
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        for label, value in a.figures:
+            t.add_row(label, value)
+        parts.append(t)
+    for claim, verdict, why in a.verdicts:
+        line = Text("the interview answer: ", style="bold")
+        line.append(f"\u201c{claim}\u201d ")
+        line.append(f"[{verdict.upper()}]", style=f"bold {VERDICT_STYLE[verdict]}")
+        line.append(f" {why}")
+        parts.append(line)
+    if a.commands:
+        parts.append(Text("reproduce: " + "\n           ".join(a.commands), style="dim"))
+    return Group(*parts)
+
+
+def decode_key(raw: str) -> str:
+    """What one key press means: "right" / "left" for the arrow keys (whose escape sequences
+    ESC [ C / ESC [ D arrive together in one read), else the first character, lowercased; an
+    empty read (end of input) means "q"."""
+    if raw.startswith("\x1b[") or raw.startswith("\x1bO"):
+        return {"C": "right", "D": "left"}.get(raw[2:3], "other")
+    return raw[:1].lower() if raw else "q"
+
+
+def wait_key(prompt: str) -> str:
+    """One key press (no Enter needed on Unix terminals), as ``decode_key`` names it."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    try:
+        import os
+        import termios
+        import tty
+
+        fd = sys.stdin.fileno()
+        old = termios.tcgetattr(fd)
+        try:
+            tty.setcbreak(fd)
+            # One raw read takes a whole escape sequence (an arrow key is three bytes), so its
+            # tail is not left behind to be read as two more key presses.
+            raw = os.read(fd, 8).decode(errors="replace")
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, old)
+    except (ImportError, OSError, ValueError):
+        raw = (sys.stdin.readline() or "q")[:1]
+    sys.stdout.write("\n")
+    return decode_key(raw)
+
+
+def run_quiz(drills: list[Drill], ctx: Context, *, answers: bool, interactive: bool,
+             console=None) -> int:
+    from rich.console import Console
+
+    console = console or Console()
+    for i, d in enumerate(drills, 1):
+        console.print(question_panel(i, len(drills), d))
+        if interactive and not answers:
+            if wait_key("think, then press a key to reveal (q quits) ") == "q":
+                return 0
+        if answers or interactive:
+            with console.status("measuring..."):
+                a = d.answer(ctx)
+            console.print(answer_renderable(a))
+            console.print()
+            if interactive and not answers and i < len(drills):
+                if wait_key("press a key for the next question (q quits) ") == "q":
+                    return 0
+    if not answers and not interactive:
+        console.print("Answers: minipaged quiz --answers (every number is measured as it "
+                      "prints).")
+    return 0
