@@ -19,7 +19,7 @@ from minipaged.kit.grader.core import Exercise, exercise_name_in, grade
 
 # Modules holding the hidden cases; each defines one or more ``Exercise`` objects named EX_*.
 CASE_MODULES = ("ex_memory", "ex_blocks", "ex_attention", "ex_sharing", "ex_scheduling",
-                "ex_formats")
+                "ex_formats", "ex_chunked")
 
 __all__ = ["all_exercises", "exercises_dir", "grade", "register", "resolve"]
 
@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-13) or the path of your file")
+                   help="an exercise number (1-14) or the path of your file")
     p.add_argument("--list", action="store_true", help="list the exercises and exit")
     p.add_argument("--solution", action="store_true",
                    help="grade exercises/solutions/NN_*.py instead (spoiler)")
