@@ -355,7 +355,7 @@ def _train(sub) -> None:
 def _check(sub) -> None:
     p = command(sub, "check", "grade an exercise with hidden tests", run.CHECK_HELP, run.check)
     p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-13) or the path of your file")
+                   help="an exercise number (1-14) or the path of your file")
     p.add_argument("--list", action="store_true", help="list the exercises and exit")
     p.add_argument("--solution", action="store_true",
                    help="grade exercises/solutions/NN_*.py instead (spoiler)")

@@ -25,7 +25,7 @@ from minipaged.kit.grader.core import (
 
 # Modules holding the hidden cases; each defines one or more ``Exercise`` objects named EX_*.
 CASE_MODULES = ("ex_memory", "ex_blocks", "ex_attention", "ex_sharing", "ex_scheduling",
-                "ex_formats")
+                "ex_formats", "ex_chunked")
 
 __all__ = ["CaseFailure", "Exercise", "GradeResult", "all_exercises", "exercises_dir",
            "expect", "grade", "resolve"]
