@@ -7,6 +7,11 @@ a contiguous cache each) instead: the two must print the same thing for greedy d
 
 The shipped model was trained on one task, counting down ("count down from 42:"), so that its
 answers can be checked; any printable ASCII prompt is accepted, but elsewhere it babbles.
+``--model DIR`` runs a Hugging Face Llama, Qwen2 or Qwen3 checkpoint from a local directory
+instead (hf.py; pip install 'minipaged[hf]'), through the same engine; ``--chat`` wraps each
+prompt in the model's chat template. Without ``--num-blocks`` its pool is what ``--kv-cache-gb``
+GiB hold (pool.py), and the arithmetic is printed. Runs longer than a few seconds print a
+progress line with prompt and generated tokens per second.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ examples:
   minipaged generate "count down from 12:" --beam-width 4
   minipaged generate "count down from 30:" "count down from 33:" --num-blocks 30 \\
       --block-size 4 --preemption swap      (a pool too small for both: watch the preemptions)
+  minipaged generate --model ~/models/SmolLM2-135M-Instruct --chat "What is a KV cache?"
 """
 
 
@@ -40,14 +46,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="parallel samples per prompt (they share the prompt's blocks)")
     p.add_argument("--beam-width", type=int, default=1, help="> 1: beam search, that many beams")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--num-blocks", type=int, default=256, help="KV pool size in blocks")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV pool size in blocks (default: 256 for the tiny model; with --model, "
+                        "what --kv-cache-gb holds)")
+    p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
+                   help="KV budget in GiB when --num-blocks is not given (default 1 with --model)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a local Hugging Face model directory (Llama, Qwen2, Qwen3) instead of "
+                        "the tiny model")
+    p.add_argument("--chat", action="store_true",
+                   help="with --model: wrap each prompt in the model's chat template")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                   help="with --model: positions to keep (default: the model's maximum)")
     p.add_argument("--block-size", type=int, default=16, help="token slots per block")
     p.add_argument("--prefix-caching", action="store_true",
                    help="share full prompt blocks across requests by hash (vLLM v1)")
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what to do when the pool runs out (default recompute)")
     p.add_argument("--chunked-prefill", type=int, default=0, metavar="TOKENS",
-                   help="split prompts over steps of at most TOKENS tokens (0 = off)")
+                   help="split prompts over steps of at most TOKENS tokens (0: off, except for "
+                        "models of more than 8192 positions, chunked by 512)")
     p.add_argument("--reference", action="store_true",
                    help="use the plain reference generator (contiguous cache, no batching)")
     p.add_argument("--show-blocks", action="store_true",
@@ -93,6 +111,45 @@ def _block_drawer(console, block_size):
     return draw
 
 
+def _progress(console, every_s: float = 2.0):
+    """Every few seconds: prompt and generated tokens per second over the last interval (the
+    form of vLLM's periodic throughput log line, vllm/engine/metrics.py)."""
+    last = {"t": time.perf_counter(), "pre": 0, "dec": 0}
+
+    def show(stats):
+        last["pre"] += stats.num_prefill_tokens
+        last["dec"] += stats.num_decodes
+        dt = time.perf_counter() - last["t"]
+        if dt >= every_s:
+            console.print(f"[dim]step {stats.step}: prefill {last['pre'] / dt:,.0f} tok/s, "
+                          f"decode {last['dec'] / dt:,.0f} tok/s, "
+                          f"{stats.num_free_blocks} free blocks[/dim]")
+            last.update(t=time.perf_counter(), pre=0, dec=0)
+
+    return show
+
+
+def _load(args):
+    """(model, tokenizer, prompts for the engine): the tiny model, or a model directory."""
+    from minipaged.model.checkpoint import load_model
+
+    if args.model is None:
+        if args.chat or args.max_model_len is not None:
+            raise ValueError("--chat and --max-model-len need --model DIR")
+        return load_model(args.checkpoint), None, args.prompts
+    if args.checkpoint is not None:
+        raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
+    try:
+        from minipaged.model.hf import load_hf
+    except ImportError as e:
+        raise ValueError(f"--model needs {e.name}: pip install 'minipaged[hf]'") from e
+    model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
+    prompts = args.prompts
+    if args.chat:   # the template writes the special tokens itself: encode without adding any
+        prompts = [tok.encode(tok.chat_prompt(p), bos=False) for p in prompts]
+    return model, tok, prompts
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -102,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         err.print("minipaged generate needs torch: pip install 'minipaged[torch]'")
         return 2
-    from minipaged.model.checkpoint import load_model
     from minipaged.model.runner import BackendUnavailableError
     from minipaged.model.sampling import SamplingParams
 
@@ -111,22 +167,26 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, n=args.n, beam_width=args.beam_width,
                                 seed=args.seed)
-        model = load_model(args.checkpoint)
+        model, tok, prompts = _load(args)
         t0 = time.perf_counter()
         if args.reference:
             from minipaged.model.reference import ReferenceGenerator
-            outs = ReferenceGenerator(model).generate(args.prompts, params)
+            outs = ReferenceGenerator(model, tokenizer=tok).generate(prompts, params)
             summary = "reference generator (contiguous cache per sequence)"
         else:
             from minipaged.model.engine import LLM
-            llm = LLM(model, num_blocks=args.num_blocks, block_size=args.block_size,
+            llm = LLM(model, tokenizer=tok, num_blocks=args.num_blocks,
+                      block_size=args.block_size, kv_cache_gb=args.kv_cache_gb,
                       enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
-                      chunked_prefill=args.chunked_prefill > 0,
+                      chunked_prefill=(args.chunked_prefill > 0) or None,
                       max_num_batched_tokens=args.chunked_prefill or None,
                       backend=args.backend)
+            err.print(f"[dim]{llm.pool_note}[/dim]")
+            show = [_progress(err)]
             if args.show_blocks:
-                llm.on_step = _block_drawer(err, args.block_size)
-            outs = llm.generate(args.prompts, params)
+                show.append(_block_drawer(err, args.block_size))
+            llm.on_step = lambda stats: [f(stats) for f in show]
+            outs = llm.generate(prompts, params)
             summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} "
                        f"preemptions, {llm.runner.num_blocks_copied} blocks copied on write, "
                        f"{llm.runner.num_blocks_swapped} swapped; pool back to "
@@ -136,10 +196,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dt = time.perf_counter() - t0
     n_tok = 0
-    for o in outs:
+    for prompt, o in zip(args.prompts, outs):
         n_tok += sum(len(c.token_ids) for c in o.outputs)
         texts = " || ".join(escape(c.text) for c in o.outputs)
-        sys.stdout.write(f"{escape(o.prompt)} => {texts}\n")
+        sys.stdout.write(f"{escape(prompt)} => {texts}\n")
     sys.stdout.flush()
     err.print(f"[dim]{summary}; {n_tok} tokens in {dt:.2f} s[/dim]")
     return 0

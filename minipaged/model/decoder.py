@@ -17,9 +17,15 @@ So the model offers two forward passes:
   engine (engine.py) one that writes pages with reshape_and_cache and reads them with
   paged attention. The model never knows which.
 
-Architecture (Llama-like, tiny): token embedding -> n_layers x [RMSNorm -> attention (rotary
+Architecture (Llama-like): token embedding -> n_layers x [RMSNorm -> attention (rotary
 positions on q and k, GQA: query head h reads KV head h // (H // Hkv)) -> residual, RMSNorm ->
-SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits.
+SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits. The tiny
+count-down model uses exactly that. The switches real checkpoints need (hf.py reads them from a
+Hugging Face config.json) are off by default: ``qkv_bias`` (Qwen2 adds a bias to the q, k and v
+projections), ``qk_norm`` (Qwen3 RMS-normalises each head of q and k before the rotation),
+``tie_embeddings`` (the output head reuses the embedding matrix), ``head_size`` (Qwen3 sets the
+head size apart from dim / H) and ``rope_scaling`` (Llama 3.1+ stretches the slow rotary
+frequencies for long contexts, see ``rope_frequencies``).
 
 Shapes: T tokens, H query heads, Hkv KV heads, D head size, V vocabulary, B batch (training).
 
@@ -52,6 +58,12 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     mlp: str = "swiglu"
+    head_size: int = 0                 # 0: dim // n_heads
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    # Llama 3 scaling: (factor, low_freq_factor, high_freq_factor, original_max_positions)
+    rope_scaling: tuple | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
@@ -59,8 +71,18 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.dim % self.n_heads:
+        if not isinstance(self.head_size, int) or self.head_size < 0:
+            raise ValueError(f"head_size must be an int >= 0 (0: dim // n_heads), "
+                             f"got {self.head_size!r}")
+        if self.head_size == 0 and self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
+            if len(self.rope_scaling) != 4 or self.rope_scaling[0] < 1 \
+                    or not 0 < self.rope_scaling[1] < self.rope_scaling[2]:
+                raise ValueError(f"rope_scaling must be (factor >= 1, low_freq_factor, "
+                                 f"high_freq_factor > low_freq_factor > 0, original_max_positions)"
+                                 f", got {self.rope_scaling!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of "
                              f"n_kv_heads={self.n_kv_heads} (GQA groups of equal size)")
@@ -71,7 +93,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,11 +115,28 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation speed of each pair of dimensions, [D/2] float64: theta^(-2i/D) (RoFormer, Su et
+    al. 2021), then, with ``rope_scaling``, Llama 3's rule (the ``apply_scaling`` function of
+    Meta's llama-models repository, models/llama3; transformers: modeling_rope_utils.py, rope
+    type "llama3"). A pair whose wavelength 2*pi/freq is short compared with the original
+    context (< original / high_freq_factor) keeps its speed; a long one (> original /
+    low_freq_factor) turns ``factor`` times slower, so positions beyond the training context
+    map onto angles it has seen; in between the two are blended linearly in original/wavelength."""
+    freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
+                              / cfg.head_dim)
+    if cfg.rope_scaling is None:
+        return freq
+    factor, low, high, original = cfg.rope_scaling
+    wavelength = 2 * math.pi / freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)  # 0 slow, 1 fast
+    return (1 - smooth) * freq / factor + smooth * freq
+
+
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_seq_len, D/2]: angle = position * theta^(-2i/D) (RoFormer, Su et al.)."""
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
-                                  / cfg.head_dim)
-    angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float64), inv_freq)
+    """cos and sin [max_seq_len, D/2]: angle = position * frequency of the pair."""
+    angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float64),
+                         rope_frequencies(cfg))
     return torch.cos(angles).float(), torch.sin(angles).float()
 
 
@@ -118,10 +157,13 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         D = cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * D, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * D, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * D, cfg.dim, bias=False)
+        if cfg.qk_norm:            # one RMSNorm over D, shared by all heads of q (and of k)
+            self.q_norm = RMSNorm(D, cfg.norm_eps)
+            self.k_norm = RMSNorm(D, cfg.norm_eps)
 
     def qkv(self, x, cos, sin):
         """x [..., T, dim] -> q [..., T, H, D], k and v [..., T, Hkv, D] (q and k rotated)."""
@@ -129,6 +171,8 @@ class Attention(nn.Module):
         q = self.wq(x).unflatten(-1, (c.n_heads, D))
         k = self.wk(x).unflatten(-1, (c.n_kv_heads, D))
         v = self.wv(x).unflatten(-1, (c.n_kv_heads, D))
+        if c.qk_norm:              # before the rotation: the cache holds normed, rotated keys
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -168,11 +212,15 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)
+        if cfg.tie_embeddings:     # one [V, dim] matrix both embeds tokens and scores them
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

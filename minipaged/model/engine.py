@@ -29,6 +29,8 @@ Read before: runner.py, ../scheduler.py. Read next: lessons/09_model_end_to_end.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,12 +49,14 @@ from minipaged.model.sampling import (
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer
+from minipaged.model.tokenizer import CharTokenizer, prompt_ids
 from minipaged.paged.block_manager import KVCacheManager
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
 
 PREEMPTION_MODES = ("recompute", "swap")
+# Above this many positions chunked prefill is on unless asked otherwise (chunked_prefill=None).
+LONG_CONTEXT = 8192
 
 
 @dataclass
@@ -65,6 +69,7 @@ class _SeqState:
     cum_logprob: float = 0.0
     logits: list = field(default_factory=list)    # [V] per generated token, if asked for
     reason: str | None = None
+    first_token_time: float | None = None
 
 
 @dataclass
@@ -97,24 +102,46 @@ class StepStats:
 class LLM:
     """A paged generation engine over a Decoder.
 
-    num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots
+    model                     a Decoder, a Hugging Face model directory (hf.py loads it, with
+                              its tokenizer), or None: the tiny count-down model
+    num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
+                              256 for the tiny model, else what kv_cache_gb GiB hold (pool.py;
+                              1 GiB by default); ``pool_note`` says which and how
     enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)
-    chunked_prefill           split prompts over steps of at most max_num_batched_tokens
+    chunked_prefill           split prompts over steps of at most max_num_batched_tokens;
+                              None: on when the model has more than LONG_CONTEXT positions
+    max_model_len             a model directory only: positions to keep (default all)
     backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
                               minipaged/cuda under their CPU emulation) or "cupy" (the same
                               kernels on a GPU, through DLPack); see runner.py
     """
 
-    def __init__(self, model: Decoder | None = None, *, num_blocks: int = 256,
-                 block_size: int = 16, enable_prefix_caching: bool = False,
+    def __init__(self, model: Decoder | str | os.PathLike | None = None, *, tokenizer=None,
+                 num_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_gb: float | None = None, enable_prefix_caching: bool = False,
                  preemption: str = "recompute", num_cpu_blocks: int | None = None,
-                 chunked_prefill: bool = False, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int = 256, backend: str = "numpy"):
+                 chunked_prefill: bool | None = None, max_num_batched_tokens: int | None = None,
+                 max_num_seqs: int = 256, backend: str = "numpy",
+                 max_model_len: int | None = None):
+        from_dir = isinstance(model, (str, os.PathLike))
+        if from_dir:               # a Hugging Face model directory: its weights and tokenizer
+            from minipaged.model.hf import load_hf
+            model, hf_tokenizer = load_hf(model, max_seq_len=max_model_len)
+            tokenizer = tokenizer if tokenizer is not None else hf_tokenizer
+        elif max_model_len is not None:
+            raise ValueError("max_model_len applies to a model directory (LLM(model=DIR))")
         if model is None:
             from minipaged.model.checkpoint import load_model
             model = load_model()
+        from minipaged.model.pool import pool_size
+        num_blocks, self.pool_note = pool_size(model, num_blocks, block_size, kv_cache_gb,
+                                               from_dir)
+        if chunked_prefill is None:
+            # A model with a long context could put a whole prompt of that length into one
+            # forward pass (one kernel launch over T tokens); chunking bounds every step.
+            chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -123,7 +150,7 @@ class LLM:
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption == "swap" else 0
         self.model = model
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.preemption = preemption
@@ -143,15 +170,14 @@ class LLM:
 
     # ---- validation --------------------------------------------------------------------------
     def _encode(self, prompts) -> list[list[int]]:
+        """Each prompt (a str, or a list of token ids) as token ids."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
         out = []
         for i, p in enumerate(prompts):
-            if not isinstance(p, str):
-                raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
-            ids = self.tokenizer.encode(p)
+            ids = prompt_ids(self.tokenizer, p, i)
             if len(ids) >= self.model.cfg.max_seq_len:
                 raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
                                  f"max_seq_len is {self.model.cfg.max_seq_len}")
@@ -188,6 +214,8 @@ class LLM:
                              "available with enable_prefix_caching=True")
         encoded = self._encode(prompts)
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
+                   for p in prompts]
         for i, ids in enumerate(encoded):
             self._check_fits(i, ids, params)
         if arrival_steps is None:
@@ -275,6 +303,8 @@ class LLM:
 
     # ---- sampling and parallel samples ---------------------------------------------------------
     def _record(self, st: _SeqState, lg: np.ndarray, t: int) -> None:
+        if not st.tokens:
+            st.first_token_time = time.perf_counter()
         st.tokens.append(t)
         st.cum_logprob += float(log_softmax(lg)[t])
         if self._return_logits:
@@ -325,7 +355,7 @@ class LLM:
         for s, st in touched:
             req = self._reqs[st.request]
             st.reason = finish_reason(st.tokens, len(req.ids), self._params,
-                                      self.model.cfg.max_seq_len, self.tokenizer.eos_id,
+                                      self.model.cfg.max_seq_len, self.tokenizer.eos_ids,
                                       self.tokenizer.decode)
             if st.reason is None or s is None:
                 continue
@@ -412,4 +442,8 @@ class LLM:
                     np.stack(st.logits) if self._return_logits else None))
         for res in results:
             res.outputs.sort(key=lambda o: o.index)
+        for req in self._reqs:     # time to first token: the earliest of a prompt's samples
+            res = results[req.prompt_index]
+            res.first_token_time = min((t for t in [res.first_token_time] + [
+                st.first_token_time for st in req.states] if t is not None), default=None)
         return results

@@ -34,6 +34,7 @@ class CharTokenizer:
 
     vocab_size = VOCAB_SIZE
     pad_id, bos_id, eos_id = PAD, BOS, EOS
+    eos_ids = frozenset({EOS})
 
     def encode(self, text: str, *, bos: bool = True) -> list[int]:
         if not isinstance(text, str):
@@ -60,3 +61,19 @@ class CharTokenizer:
                 continue
             out.append(CHARS[tid - len(SPECIALS)])
         return "".join(out)
+
+
+def prompt_ids(tokenizer, prompt, i: int) -> list[int]:
+    """prompts[i] as token ids: a str is encoded (with <bos>), a list of ints is taken as the
+    ids themselves (a prompt tokenized elsewhere, such as a rendered chat template)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)) or not prompt or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+        raise TypeError(f"prompts[{i}] must be a str or a non-empty list of token ids (ints), "
+                        f"got {prompt!r:.60}")
+    bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
+    if bad:
+        raise ValueError(f"prompts[{i}] holds token id {bad[0]}, outside the vocabulary "
+                         f"[0, {tokenizer.vocab_size})")
+    return [int(t) for t in prompt]

@@ -1,0 +1,211 @@
+"""Loading a Hugging Face checkpoint (Llama, Qwen2, Qwen3) into this package's own Decoder.
+
+What it teaches: a real checkpoint is just a configuration and a dictionary of named matrices.
+Nothing in the paged cache changes for a real model; only the numbers grow (SmolLM2-135M: 30
+layers, Hkv=3, D=64; 46,080 bytes of fp32 KV per token instead of the tiny model's 1,536).
+A model directory, as ``huggingface-cli download`` leaves it, holds
+
+    config.json                   the architecture: sizes, rotary settings, tied embeddings
+    model.safetensors             the weights; or model-0000N-of-0000M.safetensors shards
+                                  listed by model.safetensors.index.json ("weight_map")
+    tokenizer.json                the tokenizer (hf_tokenizer.py), and tokenizer_config.json
+                                  with the chat template, when the model has one
+
+``config_from_hf`` turns config.json into a ModelConfig and refuses what the Decoder does not
+implement (sliding windows, other rotary scalings, biases elsewhere than Qwen2's q/k/v), naming
+the setting. ``load_hf_model`` builds the Decoder and fills it by an explicit name map: every
+tensor of the checkpoint must land in exactly one parameter of the same shape, every parameter
+must be filled; anything else is an error that names the tensors. Weights become float32 (the
+checkpoints store bfloat16 or float16; the CPU kernels run float32).
+
+The three families differ only in switches of decoder.py: Llama (rope_scaling for Llama 3.1+,
+tied embeddings for the small ones), Qwen2 (a bias on q, k and v; transformers:
+models/qwen2/modeling_qwen2.py), Qwen3 (RMSNorm on each head of q and k, an explicit head size;
+models/qwen3/modeling_qwen3.py).
+
+Read before: decoder.py. Read next: hf_tokenizer.py, then engine.py (``LLM(model=DIR)``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+             "Qwen3ForCausalLM": "qwen3"}
+
+# Our parameter name <- the checkpoint's, per layer i (the Decoder's names are on the left).
+LAYER_MAP = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.wq.weight": "self_attn.q_proj.weight",
+    "attn.wk.weight": "self_attn.k_proj.weight",
+    "attn.wv.weight": "self_attn.v_proj.weight",
+    "attn.wo.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.w_gate.weight": "mlp.gate_proj.weight",
+    "mlp.w_up.weight": "mlp.up_proj.weight",
+    "mlp.w_down.weight": "mlp.down_proj.weight",
+}
+QKV_BIAS_MAP = {"attn.wq.bias": "self_attn.q_proj.bias", "attn.wk.bias": "self_attn.k_proj.bias",
+                "attn.wv.bias": "self_attn.v_proj.bias"}
+QK_NORM_MAP = {"attn.q_norm.weight": "self_attn.q_norm.weight",
+               "attn.k_norm.weight": "self_attn.k_norm.weight"}
+# Buffers some older checkpoints saved: recomputed from the config, never loaded.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A model directory this loader cannot use; the message says what and where."""
+
+
+def read_config(model_dir: str | Path) -> dict:
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"model directory {str(d)!r} does not exist (download one with "
+                                "`huggingface-cli download <repo> --local-dir DIR`)")
+    path = d / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{str(d)!r} has no config.json: not a Hugging Face model folder")
+    return json.loads(path.read_text())
+
+
+def _rope(hf: dict) -> tuple[float, tuple | None]:
+    """(theta, Llama 3 scaling tuple or None). transformers >= 5 writes one "rope_parameters"
+    dict; older config.json files have "rope_theta" and "rope_scaling"."""
+    params = dict(hf.get("rope_scaling") or {})
+    params.update(hf.get("rope_parameters") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise CheckpointError(f"rope scaling type {kind!r} is not implemented (only the default "
+                              "rotary positions and Llama 3's 'llama3' scaling are)")
+    return theta, (float(params["factor"]), float(params["low_freq_factor"]),
+                   float(params["high_freq_factor"]),
+                   int(params["original_max_position_embeddings"]))
+
+
+def config_from_hf(hf: dict, *, max_seq_len: int | None = None):
+    """A ModelConfig for a config.json dict; refuses settings the Decoder lacks, by name."""
+    from minipaged.model.decoder import ModelConfig
+
+    arch = (hf.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED:
+        raise CheckpointError(f"architecture {arch!r} is not supported; this loader knows "
+                              f"{sorted(SUPPORTED)}")
+    family = SUPPORTED[arch]
+    refuse = {"hidden_act": hf.get("hidden_act", "silu") not in ("silu", "swish"),
+              "mlp_bias": bool(hf.get("mlp_bias")),
+              "use_sliding_window": bool(hf.get("use_sliding_window")),
+              "layer_types": any(t != "full_attention" for t in hf.get("layer_types") or []),
+              # Llama and Qwen3 put this bias on all four projections, o included; Qwen2 has
+              # its q/k/v bias built in (below) and no such setting.
+              "attention_bias": family != "qwen2" and bool(hf.get("attention_bias"))}
+    for key, bad in refuse.items():
+        if bad:
+            raise CheckpointError(f"config.json: {key}={hf.get(key)!r} is not implemented by "
+                                  f"the Decoder ({arch})")
+    theta, scaling = _rope(hf)
+    heads = int(hf["num_attention_heads"])
+    return ModelConfig(
+        vocab_size=int(hf["vocab_size"]), dim=int(hf["hidden_size"]),
+        n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
+        n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        hidden_dim=int(hf["intermediate_size"]),
+        max_seq_len=int(max_seq_len or hf["max_position_embeddings"]),
+        rope_theta=theta, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        head_size=int(hf.get("head_dim") or 0), qkv_bias=family == "qwen2",
+        qk_norm=family == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        rope_scaling=scaling)
+
+
+def weight_files(model_dir: str | Path) -> dict[str, Path]:
+    """Checkpoint tensor name -> the .safetensors file that holds it (sharded or not)."""
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {name: d / f for name, f in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.exists():
+                raise CheckpointError(f"{index.name} lists shard {f.name!r}, which is missing")
+        return files
+    single = d / "model.safetensors"
+    if not single.exists():
+        extra = " (pytorch_model.bin is not read: safetensors only)" \
+            if (d / "pytorch_model.bin").exists() else ""
+        raise CheckpointError(f"{str(d)!r} has neither model.safetensors nor "
+                              f"model.safetensors.index.json{extra}")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+
+
+def name_map(cfg) -> dict[str, str]:
+    """Every Decoder parameter -> the checkpoint tensor that fills it."""
+    names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    per_layer = dict(LAYER_MAP)
+    per_layer.update(QKV_BIAS_MAP if cfg.qkv_bias else {})
+    per_layer.update(QK_NORM_MAP if cfg.qk_norm else {})
+    for i in range(cfg.n_layers):
+        for ours, theirs in per_layer.items():
+            names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+    return names
+
+
+def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
+    """The Decoder of a Hugging Face model directory, float32, eval mode, on the CPU."""
+    import torch
+    from safetensors import safe_open
+
+    from minipaged.model.decoder import Decoder
+
+    cfg = config_from_hf(read_config(model_dir), max_seq_len=max_seq_len)
+    files = weight_files(model_dir)
+    wanted = name_map(cfg)                                   # ours -> theirs
+    have = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
+    missing = sorted(set(wanted.values()) - have)
+    unexpected = sorted(have - set(wanted.values()))
+    if cfg.tie_embeddings and "lm_head.weight" in unexpected:
+        unexpected.remove("lm_head.weight")     # a tied copy some exports keep: checked below
+    for what, names in (("missing", missing), ("unexpected", unexpected)):
+        if names:
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            raise CheckpointError(f"{what} tensors in {str(model_dir)!r}: "
+                                  f"{', '.join(names[:8])}{more}")
+    model = Decoder(cfg)            # random init, overwritten below (a few seconds for 1B)
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[str]] = {}
+    for ours, theirs in wanted.items():
+        by_file.setdefault(files[theirs], []).append(ours)
+    with torch.no_grad():
+        for path, ours_names in by_file.items():
+            with safe_open(str(path), framework="pt") as f:
+                for ours in ours_names:
+                    t = f.get_tensor(wanted[ours])
+                    p = params[ours]
+                    if tuple(t.shape) != tuple(p.shape):
+                        raise CheckpointError(f"tensor {wanted[ours]!r} has shape "
+                                              f"{tuple(t.shape)}; config.json implies "
+                                              f"{tuple(p.shape)} for {ours}")
+                    p.copy_(t.to(torch.float32))
+        if cfg.tie_embeddings and "lm_head.weight" in files:
+            with safe_open(str(files["lm_head.weight"]), framework="pt") as f:
+                head = f.get_tensor("lm_head.weight").to(torch.float32)
+            if head.shape != model.tok_emb.weight.shape or \
+                    not torch.equal(head, model.tok_emb.weight):
+                raise CheckpointError("tie_word_embeddings is true but lm_head.weight differs "
+                                      "from model.embed_tokens.weight")
+    return model.eval()
+
+
+def load_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
+    """(Decoder, HFTokenizer) of a Hugging Face model directory."""
+    from minipaged.model.hf_tokenizer import HFTokenizer
+
+    model = load_hf_model(model_dir, max_seq_len=max_seq_len)
+    return model, HFTokenizer(model_dir)
