@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -82,6 +82,7 @@ class _Request:
     beams: dict = field(default_factory=dict)     # beam search: seq_id -> live Beam
     beams_done: list = field(default_factory=list)  # beam search: (Beam, reason)
     beam_over: bool = False
+    params: SamplingParams | None = None          # this request's (its own max_tokens)
 
 
 @dataclass
@@ -202,10 +203,19 @@ class LLM:
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False, arrival_steps=None) -> list[RequestOutput]:
         """Complete every prompt; outputs in prompt order. ``arrival_steps[i]`` (optional) is
-        the step at which prompt i joins the running batch (continuous batching)."""
-        params = SamplingParams() if params is None else params
+        the step at which prompt i joins the running batch (continuous batching). ``params``
+        may be a list, one per prompt, that differ only in max_tokens (as vLLM's LLM.generate
+        takes a list of SamplingParams; here the rest must agree)."""
+        per_prompt = params if isinstance(params, (list, tuple)) else None
+        params = SamplingParams() if params is None else per_prompt[0] if per_prompt else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        per_prompt = per_prompt or [params] * (1 if isinstance(prompts, str) else len(prompts))
+        if len(per_prompt) != (1 if isinstance(prompts, str) else len(prompts)) or any(
+                not isinstance(q, SamplingParams) or replace(q, max_tokens=1) != replace(
+                    params, max_tokens=1) for q in per_prompt):
+            raise ValueError("a list of params needs one SamplingParams per prompt, differing "
+                             "from the first in max_tokens only")
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
@@ -217,7 +227,7 @@ class LLM:
         prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
                    for p in prompts]
         for i, ids in enumerate(encoded):
-            self._check_fits(i, ids, params)
+            self._check_fits(i, ids, per_prompt[i])
         if arrival_steps is None:
             arrival_steps = [0] * len(encoded)
         arrival_steps = list(arrival_steps)
@@ -235,7 +245,7 @@ class LLM:
         self._reqs: list[_Request] = []
         for i, ids in enumerate(encoded):
             for j in range(params.n if split else 1):
-                self._reqs.append(_Request(i, ids, first_index=j))
+                self._reqs.append(_Request(i, ids, first_index=j, params=per_prompt[i]))
         self._live: dict[int, _SeqState] = {}
         pending = sorted(range(len(self._reqs)),
                          key=lambda r: arrival_steps[self._reqs[r].prompt_index])
@@ -245,7 +255,7 @@ class LLM:
                 r = pending.pop(0)
                 req = self._reqs[r]
                 req.group = sched.add_request(
-                    r, req.ids, self._output_len(req.ids, params), arrival_s=float(step),
+                    r, req.ids, self._output_len(req.ids, req.params), arrival_s=float(step),
                     n=1 if split else params.n, beam_width=params.beam_width)
                 st = _SeqState(r, req.first_index)
                 req.states.append(st)
@@ -354,7 +364,7 @@ class LLM:
                         touched.append((None, c))
         for s, st in touched:
             req = self._reqs[st.request]
-            st.reason = finish_reason(st.tokens, len(req.ids), self._params,
+            st.reason = finish_reason(st.tokens, len(req.ids), req.params,
                                       self.model.cfg.max_seq_len, self.tokenizer.eos_ids,
                                       self.tokenizer.decode)
             if st.reason is None or s is None:
@@ -382,7 +392,7 @@ class LLM:
             survivors, done = beam_step(live, [log_softmax(logits[j]) for j in js], k, eos)
             req.beams_done.extend((b, "stop") for b in done)
             new_live = [(i, Beam(live[i].tokens + [t], sc)) for i, t, sc in survivors]
-            out_len = self._output_len(req.ids, self._params)
+            out_len = self._output_len(req.ids, req.params)
             if len(req.beams_done) >= k or not new_live:
                 req.beam_over = True
                 for j in js:

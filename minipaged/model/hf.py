@@ -200,7 +200,7 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
                     not torch.equal(head, model.tok_emb.weight):
                 raise CheckpointError("tie_word_embeddings is true but lm_head.weight differs "
                                       "from model.embed_tokens.weight")
-    return model.eval()
+    return model.requires_grad_(False).eval()        # inference only
 
 
 def load_hf(model_dir: str | Path, *, max_seq_len: int | None = None):

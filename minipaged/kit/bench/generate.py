@@ -8,6 +8,9 @@ of 32 passes over one. With a model this small a step costs mostly fixed Python 
 overhead per layer, and batching pays that overhead once per step instead of once per
 sequence: that is where the ratio comes from (on a GPU the same argument holds for reading the
 weights, paper section 2.3).
+
+With ``--model DIR`` (a Hugging Face model directory) it measures the paged engine against
+transformers' batched ``generate`` instead; see generate_hf.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="tokens/s of the paged engine vs the reference generator",
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=32, help="concurrent requests (default 32)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="concurrent requests (default 32; 16 with --model)")
     p.add_argument("--max-tokens", type=int, default=64,
                    help="new tokens per request, at most (default 64)")
     p.add_argument("--block-size", type=int, default=16,
@@ -27,10 +31,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "generator has no blocks")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed runs, the median is reported (default 3)")
+    hf = p.add_argument_group("with --model: the paged engine against transformers")
+    hf.add_argument("--model", default=None, metavar="DIR",
+                    help="a Hugging Face model directory (needs transformers)")
+    hf.add_argument("--write-random-model", default=None, metavar="DIR",
+                    help="first write a random model of SmolLM2-135M's shape to DIR")
+    hf.add_argument("--min-prompt", type=int, default=20, help="shortest prompt (default 20)")
+    hf.add_argument("--max-prompt", type=int, default=300, help="longest prompt (default 300)")
+    hf.add_argument("--min-new", type=int, default=16, help="shortest output (default 16)")
+    hf.add_argument("--max-new", type=int, default=256, help="longest output (default 256)")
+    hf.add_argument("--seed", type=int, default=0, help="draws prompts and lengths (default 0)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model or args.write_random_model:
+        from minipaged.kit.bench import generate_hf
+
+        args.requests = args.requests or 16
+        return generate_hf.run(args)
+    args.requests = 32 if args.requests is None else args.requests
     from rich.console import Console
     from rich.table import Table
 
