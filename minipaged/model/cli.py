@@ -7,11 +7,8 @@ a contiguous cache each) instead: the two must print the same thing for greedy d
 
 The shipped model was trained on one task, counting down ("count down from 42:"), so that its
 answers can be checked; any printable ASCII prompt is accepted, but elsewhere it babbles.
-``--model DIR`` runs a Hugging Face Llama, Qwen2 or Qwen3 checkpoint from a local directory
-instead (hf.py; pip install 'minipaged[hf]'), through the same engine; ``--chat`` wraps each
-prompt in the model's chat template. Without ``--num-blocks`` its pool is what ``--kv-cache-gb``
-GiB hold (pool.py), and the arithmetic is printed. Runs longer than a few seconds print a
-progress line with prompt and generated tokens per second.
+``--model DIR`` runs a local Hugging Face Llama, Qwen2 or Qwen3 checkpoint (hf.py) through the
+same engine, ``--chat`` in its chat template, with a pool of ``--kv-cache-gb`` GiB (pool.py).
 """
 
 from __future__ import annotations
@@ -51,11 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "what --kv-cache-gb holds)")
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
                    help="KV budget in GiB when --num-blocks is not given (default 1 with --model)")
-    p.add_argument("--model", default=None, metavar="DIR",
-                   help="a local Hugging Face model directory (Llama, Qwen2, Qwen3) instead of "
-                        "the tiny model")
-    p.add_argument("--chat", action="store_true",
-                   help="with --model: wrap each prompt in the model's chat template")
+    p.add_argument("--model", metavar="DIR", help="a Hugging Face model directory (Llama, Qwen)")
+    p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
     p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                    help="with --model: positions to keep (default: the model's maximum)")
     p.add_argument("--block-size", type=int, default=16, help="token slots per block")
@@ -112,8 +106,8 @@ def _block_drawer(console, block_size):
 
 
 def _progress(console, every_s: float = 2.0):
-    """Every few seconds: prompt and generated tokens per second over the last interval (the
-    form of vLLM's periodic throughput log line, vllm/engine/metrics.py)."""
+    """Every few seconds, tokens per second over the last interval (like vLLM's periodic
+    throughput line, vllm/engine/metrics.py)."""
     last = {"t": time.perf_counter(), "pre": 0, "dec": 0}
 
     def show(stats):
@@ -132,6 +126,7 @@ def _progress(console, every_s: float = 2.0):
 def _load(args):
     """(model, tokenizer, prompts for the engine): the tiny model, or a model directory."""
     from minipaged.model.checkpoint import load_model
+    from minipaged.model.hf import load_hf
 
     if args.model is None:
         if args.chat or args.max_model_len is not None:
@@ -140,10 +135,9 @@ def _load(args):
     if args.checkpoint is not None:
         raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
     try:
-        from minipaged.model.hf import load_hf
+        model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
     except ImportError as e:
         raise ValueError(f"--model needs {e.name}: pip install 'minipaged[hf]'") from e
-    model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
     prompts = args.prompts
     if args.chat:   # the template writes the special tokens itself: encode without adding any
         prompts = [tok.encode(tok.chat_prompt(p), bos=False) for p in prompts]

@@ -19,13 +19,10 @@ So the model offers two forward passes:
 
 Architecture (Llama-like): token embedding -> n_layers x [RMSNorm -> attention (rotary
 positions on q and k, GQA: query head h reads KV head h // (H // Hkv)) -> residual, RMSNorm ->
-SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits. The tiny
-count-down model uses exactly that. The switches real checkpoints need (hf.py reads them from a
-Hugging Face config.json) are off by default: ``qkv_bias`` (Qwen2 adds a bias to the q, k and v
-projections), ``qk_norm`` (Qwen3 RMS-normalises each head of q and k before the rotation),
-``tie_embeddings`` (the output head reuses the embedding matrix), ``head_size`` (Qwen3 sets the
-head size apart from dim / H) and ``rope_scaling`` (Llama 3.1+ stretches the slow rotary
-frequencies for long contexts, see ``rope_frequencies``).
+SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits. Switches for
+real checkpoints (hf.py), off for the tiny model: ``qkv_bias`` (Qwen2), ``qk_norm`` (Qwen3: an
+RMSNorm on each head of q and k before the rotation), ``head_size`` (Qwen3: not dim / H),
+``tie_embeddings`` (the head reuses the embedding matrix), ``rope_scaling`` (Llama 3.1+).
 
 Shapes: T tokens, H query heads, Hkv KV heads, D head size, V vocabulary, B batch (training).
 
@@ -71,18 +68,12 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.head_size, int) or self.head_size < 0:
-            raise ValueError(f"head_size must be an int >= 0 (0: dim // n_heads), "
-                             f"got {self.head_size!r}")
         if self.head_size == 0 and self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
-        if self.rope_scaling is not None:
-            object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
-            if len(self.rope_scaling) != 4 or self.rope_scaling[0] < 1 \
-                    or not 0 < self.rope_scaling[1] < self.rope_scaling[2]:
-                raise ValueError(f"rope_scaling must be (factor >= 1, low_freq_factor, "
-                                 f"high_freq_factor > low_freq_factor > 0, original_max_positions)"
-                                 f", got {self.rope_scaling!r}")
+        if self.rope_scaling is not None and not (len(self.rope_scaling) == 4 and 0 <
+                                                  self.rope_scaling[1] < self.rope_scaling[2]):
+            raise ValueError(f"rope_scaling must be (factor, low_freq_factor, high_freq_factor "
+                             f"> low_freq_factor > 0, original_positions): {self.rope_scaling}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of "
                              f"n_kv_heads={self.n_kv_heads} (GQA groups of equal size)")
@@ -117,12 +108,10 @@ class RMSNorm(nn.Module):
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     """Rotation speed of each pair of dimensions, [D/2] float64: theta^(-2i/D) (RoFormer, Su et
-    al. 2021), then, with ``rope_scaling``, Llama 3's rule (the ``apply_scaling`` function of
-    Meta's llama-models repository, models/llama3; transformers: modeling_rope_utils.py, rope
-    type "llama3"). A pair whose wavelength 2*pi/freq is short compared with the original
-    context (< original / high_freq_factor) keeps its speed; a long one (> original /
-    low_freq_factor) turns ``factor`` times slower, so positions beyond the training context
-    map onto angles it has seen; in between the two are blended linearly in original/wavelength."""
+    al. 2021), then Llama 3's ``rope_scaling`` (Meta's llama-models, models/llama3,
+    ``apply_scaling``; transformers: modeling_rope_utils.py, "llama3"): a pair whose wavelength
+    2*pi/freq is short (< original / high_freq_factor) keeps its speed, a long one (> original /
+    low_freq_factor) turns ``factor`` times slower, in between the two are blended."""
     freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
                               / cfg.head_dim)
     if cfg.rope_scaling is None:
@@ -219,8 +208,6 @@ class Decoder(nn.Module):
     def _init(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

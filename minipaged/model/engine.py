@@ -55,8 +55,7 @@ from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
 
 PREEMPTION_MODES = ("recompute", "swap")
-# Above this many positions chunked prefill is on unless asked otherwise (chunked_prefill=None).
-LONG_CONTEXT = 8192
+LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
 
 
 @dataclass
@@ -69,7 +68,6 @@ class _SeqState:
     cum_logprob: float = 0.0
     logits: list = field(default_factory=list)    # [V] per generated token, if asked for
     reason: str | None = None
-    first_token_time: float | None = None
 
 
 @dataclass
@@ -103,17 +101,14 @@ class StepStats:
 class LLM:
     """A paged generation engine over a Decoder.
 
-    model                     a Decoder, a Hugging Face model directory (hf.py loads it, with
-                              its tokenizer), or None: the tiny count-down model
+    model                     a Decoder, a Hugging Face model directory (hf.py), or None
     num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
-                              256 for the tiny model, else what kv_cache_gb GiB hold (pool.py;
-                              1 GiB by default); ``pool_note`` says which and how
+                              what kv_cache_gb GiB hold, or 256 for the tiny model (pool.py)
     enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)
     chunked_prefill           split prompts over steps of at most max_num_batched_tokens;
                               None: on when the model has more than LONG_CONTEXT positions
-    max_model_len             a model directory only: positions to keep (default all)
     backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
                               minipaged/cuda under their CPU emulation) or "cupy" (the same
                               kernels on a GPU, through DLPack); see runner.py
@@ -124,24 +119,19 @@ class LLM:
                  kv_cache_gb: float | None = None, enable_prefix_caching: bool = False,
                  preemption: str = "recompute", num_cpu_blocks: int | None = None,
                  chunked_prefill: bool | None = None, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int = 256, backend: str = "numpy",
-                 max_model_len: int | None = None):
+                 max_num_seqs: int = 256, backend: str = "numpy"):
         from_dir = isinstance(model, (str, os.PathLike))
         if from_dir:               # a Hugging Face model directory: its weights and tokenizer
             from minipaged.model.hf import load_hf
-            model, hf_tokenizer = load_hf(model, max_seq_len=max_model_len)
+            model, hf_tokenizer = load_hf(model)
             tokenizer = tokenizer if tokenizer is not None else hf_tokenizer
-        elif max_model_len is not None:
-            raise ValueError("max_model_len applies to a model directory (LLM(model=DIR))")
         if model is None:
             from minipaged.model.checkpoint import load_model
             model = load_model()
         from minipaged.model.pool import pool_size
         num_blocks, self.pool_note = pool_size(model, num_blocks, block_size, kv_cache_gb,
                                                from_dir)
-        if chunked_prefill is None:
-            # A model with a long context could put a whole prompt of that length into one
-            # forward pass (one kernel launch over T tokens); chunking bounds every step.
+        if chunked_prefill is None:  # else one launch could span a whole long-context prompt
             chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -176,14 +166,8 @@ class LLM:
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
-        out = []
-        for i, p in enumerate(prompts):
-            ids = prompt_ids(self.tokenizer, p, i)
-            if len(ids) >= self.model.cfg.max_seq_len:
-                raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
-                                 f"max_seq_len is {self.model.cfg.max_seq_len}")
-            out.append(ids)
-        return out
+        return [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
+                for i, p in enumerate(prompts)]
 
     def _output_len(self, ids, params) -> int:
         return min(params.max_tokens, self.model.cfg.max_seq_len - len(ids))
@@ -238,6 +222,7 @@ class LLM:
                              f"({len(encoded)}), got {arrival_steps!r:.80}")
         self._params, self._seed = params, resolve_seed(params)
         self._return_logits = return_logits
+        self._first_token: dict[int, float] = {}
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
         # full prompt blocks come out of the prefix cache.
@@ -313,8 +298,8 @@ class LLM:
 
     # ---- sampling and parallel samples ---------------------------------------------------------
     def _record(self, st: _SeqState, lg: np.ndarray, t: int) -> None:
-        if not st.tokens:
-            st.first_token_time = time.perf_counter()
+        # time to first token, per prompt: setdefault keeps the earliest of its samples
+        self._first_token.setdefault(self._reqs[st.request].prompt_index, time.perf_counter())
         st.tokens.append(t)
         st.cum_logprob += float(log_softmax(lg)[t])
         if self._return_logits:
@@ -452,8 +437,6 @@ class LLM:
                     np.stack(st.logits) if self._return_logits else None))
         for res in results:
             res.outputs.sort(key=lambda o: o.index)
-        for req in self._reqs:     # time to first token: the earliest of a prompt's samples
-            res = results[req.prompt_index]
-            res.first_token_time = min((t for t in [res.first_token_time] + [
-                st.first_token_time for st in req.states] if t is not None), default=None)
+        for res in results:
+            res.first_token_time = self._first_token.get(res.request_id)
         return results

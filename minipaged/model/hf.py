@@ -1,27 +1,18 @@
 """Loading a Hugging Face checkpoint (Llama, Qwen2, Qwen3) into this package's own Decoder.
 
-What it teaches: a real checkpoint is just a configuration and a dictionary of named matrices.
-Nothing in the paged cache changes for a real model; only the numbers grow (SmolLM2-135M: 30
-layers, Hkv=3, D=64; 46,080 bytes of fp32 KV per token instead of the tiny model's 1,536).
-A model directory, as ``huggingface-cli download`` leaves it, holds
+What it teaches: a real checkpoint is a configuration and a dictionary of named matrices, and
+nothing in the paged cache changes for it; only the numbers grow (SmolLM2-135M: 30 layers,
+Hkv=3, D=64, 46,080 bytes of fp32 KV per token where the tiny model has 1,536). A model
+directory, as ``huggingface-cli download`` leaves it: config.json (the architecture),
+model.safetensors or shards listed by model.safetensors.index.json ("weight_map"),
+tokenizer.json and tokenizer_config.json (hf_tokenizer.py).
 
-    config.json                   the architecture: sizes, rotary settings, tied embeddings
-    model.safetensors             the weights; or model-0000N-of-0000M.safetensors shards
-                                  listed by model.safetensors.index.json ("weight_map")
-    tokenizer.json                the tokenizer (hf_tokenizer.py), and tokenizer_config.json
-                                  with the chat template, when the model has one
-
-``config_from_hf`` turns config.json into a ModelConfig and refuses what the Decoder does not
-implement (sliding windows, other rotary scalings, biases elsewhere than Qwen2's q/k/v), naming
-the setting. ``load_hf_model`` builds the Decoder and fills it by an explicit name map: every
-tensor of the checkpoint must land in exactly one parameter of the same shape, every parameter
-must be filled; anything else is an error that names the tensors. Weights become float32 (the
-checkpoints store bfloat16 or float16; the CPU kernels run float32).
-
-The three families differ only in switches of decoder.py: Llama (rope_scaling for Llama 3.1+,
-tied embeddings for the small ones), Qwen2 (a bias on q, k and v; transformers:
-models/qwen2/modeling_qwen2.py), Qwen3 (RMSNorm on each head of q and k, an explicit head size;
-models/qwen3/modeling_qwen3.py).
+``config_from_hf`` maps config.json to a ModelConfig and refuses, by name, any setting the
+Decoder lacks (sliding windows, other rotary scalings, biases beyond Qwen2's q/k/v). The
+families differ only in switches of decoder.py (transformers: models/llama, models/qwen2,
+models/qwen3, modeling_*.py). ``load_hf_model`` fills the Decoder by an explicit name map:
+every checkpoint tensor lands in exactly one parameter of the same shape and every parameter
+is filled, or the error names the tensors. Weights become float32 (checkpoints ship bfloat16).
 
 Read before: decoder.py. Read next: hf_tokenizer.py, then engine.py (``LLM(model=DIR)``).
 """
@@ -60,13 +51,10 @@ class CheckpointError(ValueError):
 
 def read_config(model_dir: str | Path) -> dict:
     d = Path(model_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"model directory {str(d)!r} does not exist (download one with "
-                                "`huggingface-cli download <repo> --local-dir DIR`)")
-    path = d / "config.json"
-    if not path.exists():
-        raise CheckpointError(f"{str(d)!r} has no config.json: not a Hugging Face model folder")
-    return json.loads(path.read_text())
+    if not (d / "config.json").exists():
+        raise FileNotFoundError(f"{str(d)!r} is not a model directory (no config.json); fetch "
+                                "one with `huggingface-cli download <repo> --local-dir DIR`")
+    return json.loads((d / "config.json").read_text())
 
 
 def _rope(hf: dict) -> tuple[float, tuple | None]:
@@ -133,10 +121,8 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
         return files
     single = d / "model.safetensors"
     if not single.exists():
-        extra = " (pytorch_model.bin is not read: safetensors only)" \
-            if (d / "pytorch_model.bin").exists() else ""
         raise CheckpointError(f"{str(d)!r} has neither model.safetensors nor "
-                              f"model.safetensors.index.json{extra}")
+                              "model.safetensors.index.json (only safetensors are read)")
     from safetensors import safe_open
 
     with safe_open(str(single), framework="pt") as f:
@@ -169,9 +155,7 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
     wanted = name_map(cfg)                                   # ours -> theirs
     have = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
     missing = sorted(set(wanted.values()) - have)
-    unexpected = sorted(have - set(wanted.values()))
-    if cfg.tie_embeddings and "lm_head.weight" in unexpected:
-        unexpected.remove("lm_head.weight")     # a tied copy some exports keep: checked below
+    unexpected = sorted(have - set(wanted.values()))   # with tied embeddings: lm_head.weight
     for what, names in (("missing", missing), ("unexpected", unexpected)):
         if names:
             more = f" and {len(names) - 8} more" if len(names) > 8 else ""
@@ -179,27 +163,16 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
                                   f"{', '.join(names[:8])}{more}")
     model = Decoder(cfg)            # random init, overwritten below (a few seconds for 1B)
     params = dict(model.named_parameters())
-    by_file: dict[Path, list[str]] = {}
-    for ours, theirs in wanted.items():
-        by_file.setdefault(files[theirs], []).append(ours)
     with torch.no_grad():
-        for path, ours_names in by_file.items():
+        for path in sorted(set(files.values())):        # one shard open at a time
             with safe_open(str(path), framework="pt") as f:
-                for ours in ours_names:
-                    t = f.get_tensor(wanted[ours])
-                    p = params[ours]
+                for ours in [o for o, theirs in wanted.items() if files[theirs] == path]:
+                    t, p = f.get_tensor(wanted[ours]), params[ours]
                     if tuple(t.shape) != tuple(p.shape):
                         raise CheckpointError(f"tensor {wanted[ours]!r} has shape "
                                               f"{tuple(t.shape)}; config.json implies "
                                               f"{tuple(p.shape)} for {ours}")
                     p.copy_(t.to(torch.float32))
-        if cfg.tie_embeddings and "lm_head.weight" in files:
-            with safe_open(str(files["lm_head.weight"]), framework="pt") as f:
-                head = f.get_tensor("lm_head.weight").to(torch.float32)
-            if head.shape != model.tok_emb.weight.shape or \
-                    not torch.equal(head, model.tok_emb.weight):
-                raise CheckpointError("tie_word_embeddings is true but lm_head.weight differs "
-                                      "from model.embed_tokens.weight")
     return model.requires_grad_(False).eval()        # inference only
 
 

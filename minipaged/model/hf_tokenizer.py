@@ -1,20 +1,16 @@
 """The tokenizer of a Hugging Face model directory, and its chat template.
 
-What it teaches: the engine never sees text. A real tokenizer (byte-level BPE for Llama 3,
-Qwen and SmolLM2) maps text to ids through the ``tokenizers`` library and tokenizer.json, which
-also says which special tokens to add (Llama 3 prepends <|begin_of_text|>; Qwen and SmolLM2
-add nothing). Generation ends at any of the model's end-of-sequence ids: config.json and
-generation_config.json may each give one or a list (Llama 3.2 Instruct lists three).
+What it teaches: the engine never sees text. tokenizer.json (read by the ``tokenizers``
+library) maps text to ids and says which special tokens to add (Llama 3 prepends
+<|begin_of_text|>; Qwen and SmolLM2 add none). Generation ends at any end-of-sequence id of
+config.json or generation_config.json (Llama 3.2 Instruct lists three).
 
-A chat model expects its conversation wrapped in the markers it was tuned on
-(``<|im_start|>user ... <|im_end|>`` for Qwen and SmolLM2). The wrapping is a Jinja template
-shipped with the model, in tokenizer_config.json ("chat_template") or chat_template.jinja;
-``chat_prompt`` renders it the way transformers' ``apply_chat_template`` does (a sandboxed
-Jinja environment with trim_blocks and lstrip_blocks; transformers: utils/chat_template_utils.py)
-and the result is tokenized without adding special tokens again (the template wrote them).
-
-The same interface as tokenizer.CharTokenizer: ``encode(text, bos=True)``, ``decode(ids)``,
-``vocab_size``, ``eos_id`` (the first end id; beam search uses it) and ``eos_ids`` (all of them).
+A chat model expects its turns wrapped in the markers it was tuned on (``<|im_start|>user ...
+<|im_end|>`` for Qwen and SmolLM2): a Jinja template shipped in tokenizer_config.json
+("chat_template") or chat_template.jinja. ``chat_prompt`` renders it as transformers'
+``apply_chat_template`` does (a sandboxed Jinja environment, trim_blocks and lstrip_blocks;
+transformers: utils/chat_template_utils.py); the result is encoded without adding special tokens
+again. Same interface as tokenizer.CharTokenizer, plus ``eos_ids`` (all end ids).
 
 Read before: hf.py. Read next: engine.py.
 """
@@ -29,17 +25,6 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _token_text(tok) -> str | None:
-    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
-    return tok.get("content") if isinstance(tok, dict) else tok
-
-
-def _as_ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
-
-
 class HFTokenizer:
     def __init__(self, model_dir: str | Path):
         from tokenizers import Tokenizer
@@ -52,12 +37,15 @@ class HFTokenizer:
         self._tok = Tokenizer.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.config = _read_json(d / "tokenizer_config.json")
-        self.special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token")}
-        ends = _as_ids(_read_json(d / "config.json").get("eos_token_id"))
-        ends += _as_ids(_read_json(d / "generation_config.json").get("eos_token_id"))
-        if not ends and self.special["eos_token"] is not None:
-            tid = self._tok.token_to_id(self.special["eos_token"])
-            ends = [] if tid is None else [tid]
+        # a special token is written as a string or as {"content": ...}
+        self.special = {k: v.get("content") if isinstance(v, dict) else v
+                        for k, v in ((k, self.config.get(k)) for k in ("bos_token", "eos_token"))}
+        ends = []                   # an int or a list in either file
+        for name in ("config.json", "generation_config.json"):
+            v = _read_json(d / name).get("eos_token_id")
+            ends += [] if v is None else v if isinstance(v, list) else [v]
+        if not ends and self._tok.token_to_id(self.special["eos_token"] or "") is not None:
+            ends = [self._tok.token_to_id(self.special["eos_token"])]
         self.eos_ids = frozenset(ends)
         self.eos_id = ends[0] if ends else None
         template = self.config.get("chat_template")
@@ -81,10 +69,7 @@ class HFTokenizer:
         if self.chat_template is None:
             raise ValueError("this model has no chat template (none in tokenizer_config.json "
                              "or chat_template.jinja): run it without --chat")
-        try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as e:
-            raise ValueError("chat templates need jinja2: pip install 'minipaged[hf]'") from e
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # torch depends on it too
 
         def raise_exception(message):
             raise ValueError(f"the chat template refused the conversation: {message}")

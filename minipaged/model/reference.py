@@ -96,19 +96,13 @@ class ReferenceGenerator:
         cache.length = end
         return logits[0].numpy()
 
-    def _check_prompt(self, i: int, ids: list[int]) -> None:
-        if len(ids) >= self.model.cfg.max_seq_len:
-            raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
-                             f"max_seq_len is {self.model.cfg.max_seq_len}")
-
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
         params = params or SamplingParams()
         if isinstance(prompts, str):
             prompts = [prompts]
-        encoded = [prompt_ids(self.tokenizer, p, i) for i, p in enumerate(prompts)]
-        for i, ids in enumerate(encoded):
-            self._check_prompt(i, ids)
+        encoded = [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
+                   for i, p in enumerate(prompts)]
         seed = resolve_seed(params)
         results = []
         for rid, (prompt, ids) in enumerate(zip(prompts, encoded)):

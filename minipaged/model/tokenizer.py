@@ -63,17 +63,22 @@ class CharTokenizer:
         return "".join(out)
 
 
-def prompt_ids(tokenizer, prompt, i: int) -> list[int]:
-    """prompts[i] as token ids: a str is encoded (with <bos>), a list of ints is taken as the
-    ids themselves (a prompt tokenized elsewhere, such as a rendered chat template)."""
+def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
+    """prompts[i] as token ids, shorter than max_seq_len: a str is encoded (with <bos>), a list
+    of ints is taken as the ids themselves (tokenized elsewhere, e.g. a chat template)."""
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    if not isinstance(prompt, (list, tuple)) or not prompt or any(
+        ids = tokenizer.encode(prompt)
+    elif not isinstance(prompt, (list, tuple)) or not prompt or any(
             isinstance(t, bool) or not isinstance(t, int) for t in prompt):
         raise TypeError(f"prompts[{i}] must be a str or a non-empty list of token ids (ints), "
                         f"got {prompt!r:.60}")
-    bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
-    if bad:
-        raise ValueError(f"prompts[{i}] holds token id {bad[0]}, outside the vocabulary "
-                         f"[0, {tokenizer.vocab_size})")
-    return [int(t) for t in prompt]
+    else:
+        ids = list(prompt)
+    for t in ids:
+        if not 0 <= t < tokenizer.vocab_size:
+            raise ValueError(f"prompts[{i}] holds token id {t}, outside the vocabulary "
+                             f"[0, {tokenizer.vocab_size})")
+    if len(ids) >= max_seq_len:
+        raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); the "
+                         f"model's max_seq_len is {max_seq_len}")
+    return ids
