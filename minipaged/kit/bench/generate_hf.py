@@ -34,14 +34,16 @@ SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9
                     eos_token_id=0)
 
 
-def write_random_model(path, seed: int = 0) -> None:
-    """A random LlamaForCausalLM with SmolLM2-135M's config and a tiny tokenizer, in ``path``."""
+def write_random_model(path, seed: int = 0, **overrides) -> None:
+    """A random LlamaForCausalLM with SmolLM2-135M's config (``overrides`` replace entries) and
+    a tiny byte-level tokenizer, saved in ``path``."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_135M))
+    config = transformers.LlamaConfig(**{**SMOLLM2_135M, **overrides})
+    model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
