@@ -43,15 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="parallel samples per prompt (they share the prompt's blocks)")
     p.add_argument("--beam-width", type=int, default=1, help="> 1: beam search, that many beams")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--num-blocks", type=int, default=None,
-                   help="KV pool size in blocks (default: 256 for the tiny model; with --model, "
-                        "what --kv-cache-gb holds)")
-    p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
-                   help="KV budget in GiB when --num-blocks is not given (default 1 with --model)")
+    p.add_argument("--num-blocks", type=int, help="KV pool size in blocks (default 256, or "
+                   "what --kv-cache-gb holds)")
+    p.add_argument("--kv-cache-gb", type=float, metavar="GB",
+                   help="KV budget in GiB without --num-blocks (default 1 with --model)")
     p.add_argument("--model", metavar="DIR", help="a Hugging Face model directory (Llama, Qwen)")
     p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
-    p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
-                   help="with --model: positions to keep (default: the model's maximum)")
+    p.add_argument("--max-model-len", type=int, help="with --model: positions to keep")
     p.add_argument("--block-size", type=int, default=16, help="token slots per block")
     p.add_argument("--prefix-caching", action="store_true",
                    help="share full prompt blocks across requests by hash (vLLM v1)")
@@ -106,8 +104,7 @@ def _block_drawer(console, block_size):
 
 
 def _progress(console, every_s: float = 2.0):
-    """Every few seconds, tokens per second over the last interval (like vLLM's periodic
-    throughput line, vllm/engine/metrics.py)."""
+    """Tokens/s over the last interval (as vLLM logs them, vllm/engine/metrics.py)."""
     last = {"t": time.perf_counter(), "pre": 0, "dec": 0}
 
     def show(stats):

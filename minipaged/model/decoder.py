@@ -107,11 +107,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """Rotation speed of each pair of dimensions, [D/2] float64: theta^(-2i/D) (RoFormer, Su et
-    al. 2021), then Llama 3's ``rope_scaling`` (Meta's llama-models, models/llama3,
-    ``apply_scaling``; transformers: modeling_rope_utils.py, "llama3"): a pair whose wavelength
-    2*pi/freq is short (< original / high_freq_factor) keeps its speed, a long one (> original /
-    low_freq_factor) turns ``factor`` times slower, in between the two are blended."""
+    """Rotation speed of each pair of dimensions [D/2]: theta^(-2i/D) (RoFormer, Su et al.), then
+    Llama 3's ``rope_scaling`` (Meta's llama-models, models/llama3 ``apply_scaling``): a pair of
+    short wavelength 2*pi/freq (< original / high_freq_factor) keeps its speed, a long one
+    (> original / low_freq_factor) turns ``factor`` times slower, in between they are blended."""
     freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
                               / cfg.head_dim)
     if cfg.rope_scaling is None:

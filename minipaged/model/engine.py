@@ -161,7 +161,6 @@ class LLM:
 
     # ---- validation --------------------------------------------------------------------------
     def _encode(self, prompts) -> list[list[int]]:
-        """Each prompt (a str, or a list of token ids) as token ids."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:

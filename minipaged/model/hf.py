@@ -1,11 +1,9 @@
 """Loading a Hugging Face checkpoint (Llama, Qwen2, Qwen3) into this package's own Decoder.
 
-What it teaches: a real checkpoint is a configuration and a dictionary of named matrices, and
-nothing in the paged cache changes for it; only the numbers grow (SmolLM2-135M: 30 layers,
-Hkv=3, D=64, 46,080 bytes of fp32 KV per token where the tiny model has 1,536). A model
-directory, as ``huggingface-cli download`` leaves it: config.json (the architecture),
-model.safetensors or shards listed by model.safetensors.index.json ("weight_map"),
-tokenizer.json and tokenizer_config.json (hf_tokenizer.py).
+What it teaches: a checkpoint is a configuration and a dictionary of named matrices; nothing in
+the paged cache changes for it, only the numbers grow (SmolLM2-135M: 30 layers, Hkv=3, D=64).
+A model directory, as ``hf download`` leaves it: config.json, model.safetensors (or shards
+listed by model.safetensors.index.json), tokenizer.json and tokenizer_config.json.
 
 ``config_from_hf`` maps config.json to a ModelConfig and refuses, by name, any setting the
 Decoder lacks (sliding windows, other rotary scalings, biases beyond Qwen2's q/k/v). The
@@ -22,11 +20,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-             "Qwen3ForCausalLM": "qwen3"}
+SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
-# Our parameter name <- the checkpoint's, per layer i (the Decoder's names are on the left).
-LAYER_MAP = {
+LAYER_MAP = {                   # layer i: our parameter name -> the checkpoint's
     "attn_norm.weight": "input_layernorm.weight",
     "attn.wq.weight": "self_attn.q_proj.weight",
     "attn.wk.weight": "self_attn.k_proj.weight",
@@ -49,14 +45,6 @@ class CheckpointError(ValueError):
     """A model directory this loader cannot use; the message says what and where."""
 
 
-def read_config(model_dir: str | Path) -> dict:
-    d = Path(model_dir)
-    if not (d / "config.json").exists():
-        raise FileNotFoundError(f"{str(d)!r} is not a model directory (no config.json); fetch "
-                                "one with `huggingface-cli download <repo> --local-dir DIR`")
-    return json.loads((d / "config.json").read_text())
-
-
 def _rope(hf: dict) -> tuple[float, tuple | None]:
     """(theta, Llama 3 scaling tuple or None). transformers >= 5 writes one "rope_parameters"
     dict; older config.json files have "rope_theta" and "rope_scaling"."""
@@ -74,10 +62,15 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
                    int(params["original_max_position_embeddings"]))
 
 
-def config_from_hf(hf: dict, *, max_seq_len: int | None = None):
-    """A ModelConfig for a config.json dict; refuses settings the Decoder lacks, by name."""
+def config_from_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
+    """The ModelConfig of a model directory's config.json; refuses, by name, what it lacks."""
     from minipaged.model.decoder import ModelConfig
 
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{str(model_dir)!r} is not a model directory (no config.json); "
+                                "fetch one with `hf download <repo> --local-dir DIR`")
+    hf = json.loads(path.read_text())
     arch = (hf.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED:
         raise CheckpointError(f"architecture {arch!r} is not supported; this loader knows "
@@ -87,8 +80,7 @@ def config_from_hf(hf: dict, *, max_seq_len: int | None = None):
               "mlp_bias": bool(hf.get("mlp_bias")),
               "use_sliding_window": bool(hf.get("use_sliding_window")),
               "layer_types": any(t != "full_attention" for t in hf.get("layer_types") or []),
-              # Llama and Qwen3 put this bias on all four projections, o included; Qwen2 has
-              # its q/k/v bias built in (below) and no such setting.
+              # Llama and Qwen3: a bias on all four projections (Qwen2's q/k/v bias is built in)
               "attention_bias": family != "qwen2" and bool(hf.get("attention_bias"))}
     for key, bad in refuse.items():
         if bad:
@@ -150,7 +142,7 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
 
     from minipaged.model.decoder import Decoder
 
-    cfg = config_from_hf(read_config(model_dir), max_seq_len=max_seq_len)
+    cfg = config_from_hf(model_dir, max_seq_len=max_seq_len)
     files = weight_files(model_dir)
     wanted = name_map(cfg)                                   # ours -> theirs
     have = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}

@@ -1,16 +1,13 @@
 """The tokenizer of a Hugging Face model directory, and its chat template.
 
-What it teaches: the engine never sees text. tokenizer.json (read by the ``tokenizers``
-library) maps text to ids and says which special tokens to add (Llama 3 prepends
-<|begin_of_text|>; Qwen and SmolLM2 add none). Generation ends at any end-of-sequence id of
-config.json or generation_config.json (Llama 3.2 Instruct lists three).
-
-A chat model expects its turns wrapped in the markers it was tuned on (``<|im_start|>user ...
-<|im_end|>`` for Qwen and SmolLM2): a Jinja template shipped in tokenizer_config.json
-("chat_template") or chat_template.jinja. ``chat_prompt`` renders it as transformers'
-``apply_chat_template`` does (a sandboxed Jinja environment, trim_blocks and lstrip_blocks;
-transformers: utils/chat_template_utils.py); the result is encoded without adding special tokens
-again. Same interface as tokenizer.CharTokenizer, plus ``eos_ids`` (all end ids).
+What it teaches: the engine never sees text. tokenizer.json (the ``tokenizers`` library) maps
+text to ids and says which special tokens to add (Llama 3 prepends <|begin_of_text|>; Qwen and
+SmolLM2 add none). Generation ends at any end id of config.json or generation_config.json.
+A chat model expects its turns in the markers it was tuned on (``<|im_start|>user ...
+<|im_end|>`` for Qwen and SmolLM2): a Jinja template in tokenizer_config.json or
+chat_template.jinja, rendered here as transformers' ``apply_chat_template`` does (sandboxed,
+trim_blocks and lstrip_blocks; transformers: utils/chat_template_utils.py) and encoded without
+adding special tokens again. Same interface as tokenizer.CharTokenizer, plus ``eos_ids``.
 
 Read before: hf.py. Read next: engine.py.
 """
@@ -44,8 +41,6 @@ class HFTokenizer:
         for name in ("config.json", "generation_config.json"):
             v = _read_json(d / name).get("eos_token_id")
             ends += [] if v is None else v if isinstance(v, list) else [v]
-        if not ends and self._tok.token_to_id(self.special["eos_token"] or "") is not None:
-            ends = [self._tok.token_to_id(self.special["eos_token"])]
         self.eos_ids = frozenset(ends)
         self.eos_id = ends[0] if ends else None
         template = self.config.get("chat_template")

@@ -30,8 +30,7 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     c = model.cfg
     spec = ModelSpec("model", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                      float(model.num_parameters()), 4, c.max_seq_len)
-    # The "device" is host memory: kv_calc reads only its name (bandwidth and FLOP/s feed the
-    # simulator's cost model, unused here).
+    # the "device" is host memory; kv_calc reads only its name (not bandwidth, FLOP/s)
     host = GPUSpec("host memory", int(gb * GiB), mem_bw=0.0, flops=0.0)
     r = kv_calc(MemoryPreset(spec, host, int(gb * GiB)), block_size=block_size,
                 context_len=c.max_seq_len)

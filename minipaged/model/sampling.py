@@ -35,8 +35,7 @@ class SamplingParams:
     beam_width   > 1 runs beam search and returns that many beams (needs n == 1, temperature 0)
     seed         makes sampling reproducible; None draws one seed per generate call
     stop         strings that end a completion (not included in its text)
-    ignore_eos   keep going past an end-of-sequence token (benchmarks: fixed output lengths;
-                 vLLM's SamplingParams has the same switch); beam search still ends beams there
+    ignore_eos   go on past end-of-sequence tokens (fixed output lengths, as vLLM's switch)
     """
 
     max_tokens: int = 16

@@ -74,10 +74,8 @@ def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
                         f"got {prompt!r:.60}")
     else:
         ids = list(prompt)
-    for t in ids:
-        if not 0 <= t < tokenizer.vocab_size:
-            raise ValueError(f"prompts[{i}] holds token id {t}, outside the vocabulary "
-                             f"[0, {tokenizer.vocab_size})")
+    if not all(0 <= t < tokenizer.vocab_size for t in ids):
+        raise ValueError(f"prompts[{i}] holds a token id outside [0, {tokenizer.vocab_size})")
     if len(ids) >= max_seq_len:
         raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); the "
                          f"model's max_seq_len is {max_seq_len}")
