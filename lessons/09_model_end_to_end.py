@@ -136,3 +136,42 @@ longest = max(len(forked.prompt_token_ids) + len(o.token_ids) for o in forked.ou
 console.print(f"contiguous reference: 3 x {cfg.max_seq_len} = {3 * cfg.max_seq_len} rows "
               f"reserved for sequences of at most {longest} tokens "
               f"({longest * 3 / (3 * cfg.max_seq_len):.0%} of them ever used)")
+
+# %% [markdown]
+# ## Optional: a Hugging Face checkpoint through the same pages
+# `LLM(model=DIR)` loads a local Llama, Qwen2 or Qwen3 checkpoint (`minipaged/model/hf.py`: an
+# explicit name map from the checkpoint's tensors to this decoder, every shape checked) and runs
+# it through the same scheduler, block manager and paged attention. Point `MINIPAGED_MODEL_DIR`
+# at a downloaded model (README, "Real models") to see real text. Without one, and with
+# transformers installed, a tiny random Llama is written to a temporary folder: its text is
+# noise, but the paged engine must still produce the reference generator's tokens exactly.
+# The pool is sized from a KV budget with lesson 01's arithmetic (`minipaged/model/pool.py`).
+
+# %%
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+model_dir = os.environ.get("MINIPAGED_MODEL_DIR")
+if model_dir is None and all(importlib.util.find_spec(m) for m in ("transformers", "tokenizers")):
+    from minipaged.kit.bench.generate_hf import write_random_model
+
+    model_dir = tempfile.mkdtemp()
+    write_random_model(model_dir, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, vocab_size=300)
+if model_dir is None:
+    console.print("no model directory and no transformers: skipped (pip install "
+                  "'minipaged[hf]' and set MINIPAGED_MODEL_DIR to a downloaded model)")
+else:
+    from minipaged.model.hf import load_hf
+
+    hf_model, hf_tok = load_hf(model_dir)
+    real = LLM(hf_model, tokenizer=hf_tok, block_size=16, kv_cache_gb=0.25)
+    console.print(real.pool_note)
+    questions = ["The key and value cache of a transformer", "Paging splits memory into"]
+    sp = SamplingParams(max_tokens=20)
+    got = real.generate(questions, sp)
+    want = ReferenceGenerator(hf_model, tokenizer=hf_tok).generate(questions, sp)
+    for a, b in zip(got, want):
+        console.print(f"  {a.prompt!r} -> {a.outputs[0].text!r}  (same tokens as the "
+                      f"reference: {a.outputs[0].token_ids == b.outputs[0].token_ids})")

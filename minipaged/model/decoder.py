@@ -17,9 +17,12 @@ So the model offers two forward passes:
   engine (engine.py) one that writes pages with reshape_and_cache and reads them with
   paged attention. The model never knows which.
 
-Architecture (Llama-like, tiny): token embedding -> n_layers x [RMSNorm -> attention (rotary
+Architecture (Llama-like): token embedding -> n_layers x [RMSNorm -> attention (rotary
 positions on q and k, GQA: query head h reads KV head h // (H // Hkv)) -> residual, RMSNorm ->
-SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits.
+SwiGLU (or GELU) MLP -> residual] -> RMSNorm -> linear head to vocabulary logits. Switches for
+real checkpoints (hf.py), off for the tiny model: ``qkv_bias`` (Qwen2), ``qk_norm`` (Qwen3: an
+RMSNorm on each head of q and k before the rotation), ``head_size`` (Qwen3: not dim / H),
+``tie_embeddings`` (the head reuses the embedding matrix), ``rope_scaling`` (Llama 3.1+).
 
 Shapes: T tokens, H query heads, Hkv KV heads, D head size, V vocabulary, B batch (training).
 
@@ -52,6 +55,12 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     mlp: str = "swiglu"
+    head_size: int = 0                 # 0: dim // n_heads
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    # Llama 3 scaling: (factor, low_freq_factor, high_freq_factor, original_max_positions)
+    rope_scaling: tuple | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
@@ -59,8 +68,12 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.dim % self.n_heads:
+        if self.head_size == 0 and self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
+        if self.rope_scaling is not None and not (len(self.rope_scaling) == 4 and 0 <
+                                                  self.rope_scaling[1] < self.rope_scaling[2]):
+            raise ValueError(f"rope_scaling must be (factor, low_freq_factor, high_freq_factor "
+                             f"> low_freq_factor > 0, original_positions): {self.rope_scaling}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of "
                              f"n_kv_heads={self.n_kv_heads} (GQA groups of equal size)")
@@ -71,7 +84,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,11 +106,25 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation speed of each pair of dimensions [D/2]: theta^(-2i/D) (RoFormer, Su et al.), then
+    Llama 3's ``rope_scaling`` (Meta's llama-models, models/llama3 ``apply_scaling``): a pair of
+    short wavelength 2*pi/freq (< original / high_freq_factor) keeps its speed, a long one
+    (> original / low_freq_factor) turns ``factor`` times slower, in between they are blended."""
+    freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
+                              / cfg.head_dim)
+    if cfg.rope_scaling is None:
+        return freq
+    factor, low, high, original = cfg.rope_scaling
+    wavelength = 2 * math.pi / freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)  # 0 slow, 1 fast
+    return (1 - smooth) * freq / factor + smooth * freq
+
+
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_seq_len, D/2]: angle = position * theta^(-2i/D) (RoFormer, Su et al.)."""
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
-                                  / cfg.head_dim)
-    angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float64), inv_freq)
+    """cos and sin [max_seq_len, D/2]: angle = position * frequency of the pair."""
+    angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float64),
+                         rope_frequencies(cfg))
     return torch.cos(angles).float(), torch.sin(angles).float()
 
 
@@ -118,10 +145,13 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         D = cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * D, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * D, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * D, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * D, cfg.dim, bias=False)
+        if cfg.qk_norm:            # one RMSNorm over D, shared by all heads of q (and of k)
+            self.q_norm = RMSNorm(D, cfg.norm_eps)
+            self.k_norm = RMSNorm(D, cfg.norm_eps)
 
     def qkv(self, x, cos, sin):
         """x [..., T, dim] -> q [..., T, H, D], k and v [..., T, Hkv, D] (q and k rotated)."""
@@ -129,6 +159,8 @@ class Attention(nn.Module):
         q = self.wq(x).unflatten(-1, (c.n_heads, D))
         k = self.wk(x).unflatten(-1, (c.n_kv_heads, D))
         v = self.wv(x).unflatten(-1, (c.n_kv_heads, D))
+        if c.qk_norm:              # before the rotation: the cache holds normed, rotated keys
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -168,6 +200,8 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)
+        if cfg.tie_embeddings:     # one [V, dim] matrix both embeds tokens and scores them
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init(m):

@@ -29,7 +29,9 @@ Read before: runner.py, ../scheduler.py. Read next: lessons/09_model_end_to_end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+import time
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,12 +49,13 @@ from minipaged.model.sampling import (
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer
+from minipaged.model.tokenizer import CharTokenizer, prompt_ids
 from minipaged.paged.block_manager import KVCacheManager
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
 
 PREEMPTION_MODES = ("recompute", "swap")
+LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _Request:
     beams: dict = field(default_factory=dict)     # beam search: seq_id -> live Beam
     beams_done: list = field(default_factory=list)  # beam search: (Beam, reason)
     beam_over: bool = False
+    params: SamplingParams | None = None          # this request's (its own max_tokens)
 
 
 @dataclass
@@ -97,24 +101,38 @@ class StepStats:
 class LLM:
     """A paged generation engine over a Decoder.
 
-    num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots
+    model                     a Decoder, a Hugging Face model directory (hf.py), or None
+    num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
+                              what kv_cache_gb GiB hold, or 256 for the tiny model (pool.py)
     enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)
-    chunked_prefill           split prompts over steps of at most max_num_batched_tokens
+    chunked_prefill           split prompts over steps of at most max_num_batched_tokens;
+                              None: on when the model has more than LONG_CONTEXT positions
     backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
                               minipaged/cuda under their CPU emulation) or "cupy" (the same
                               kernels on a GPU, through DLPack); see runner.py
     """
 
-    def __init__(self, model: Decoder | None = None, *, num_blocks: int = 256,
-                 block_size: int = 16, enable_prefix_caching: bool = False,
+    def __init__(self, model: Decoder | str | os.PathLike | None = None, *, tokenizer=None,
+                 num_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_gb: float | None = None, enable_prefix_caching: bool = False,
                  preemption: str = "recompute", num_cpu_blocks: int | None = None,
-                 chunked_prefill: bool = False, max_num_batched_tokens: int | None = None,
+                 chunked_prefill: bool | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, backend: str = "numpy"):
+        from_dir = isinstance(model, (str, os.PathLike))
+        if from_dir:               # a Hugging Face model directory: its weights and tokenizer
+            from minipaged.model.hf import load_hf
+            model, hf_tokenizer = load_hf(model)
+            tokenizer = tokenizer if tokenizer is not None else hf_tokenizer
         if model is None:
             from minipaged.model.checkpoint import load_model
             model = load_model()
+        from minipaged.model.pool import pool_size
+        num_blocks, self.pool_note = pool_size(model, num_blocks, block_size, kv_cache_gb,
+                                               from_dir)
+        if chunked_prefill is None:  # else one launch could span a whole long-context prompt
+            chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -123,7 +141,7 @@ class LLM:
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption == "swap" else 0
         self.model = model
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.preemption = preemption
@@ -147,16 +165,8 @@ class LLM:
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
-        out = []
-        for i, p in enumerate(prompts):
-            if not isinstance(p, str):
-                raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
-            ids = self.tokenizer.encode(p)
-            if len(ids) >= self.model.cfg.max_seq_len:
-                raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
-                                 f"max_seq_len is {self.model.cfg.max_seq_len}")
-            out.append(ids)
-        return out
+        return [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
+                for i, p in enumerate(prompts)]
 
     def _output_len(self, ids, params) -> int:
         return min(params.max_tokens, self.model.cfg.max_seq_len - len(ids))
@@ -176,10 +186,19 @@ class LLM:
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False, arrival_steps=None) -> list[RequestOutput]:
         """Complete every prompt; outputs in prompt order. ``arrival_steps[i]`` (optional) is
-        the step at which prompt i joins the running batch (continuous batching)."""
-        params = SamplingParams() if params is None else params
+        the step at which prompt i joins the running batch (continuous batching). ``params``
+        may be a list, one per prompt, that differ only in max_tokens (as vLLM's LLM.generate
+        takes a list of SamplingParams; here the rest must agree)."""
+        per_prompt = params if isinstance(params, (list, tuple)) else None
+        params = SamplingParams() if params is None else per_prompt[0] if per_prompt else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        per_prompt = per_prompt or [params] * (1 if isinstance(prompts, str) else len(prompts))
+        if len(per_prompt) != (1 if isinstance(prompts, str) else len(prompts)) or any(
+                not isinstance(q, SamplingParams) or replace(q, max_tokens=1) != replace(
+                    params, max_tokens=1) for q in per_prompt):
+            raise ValueError("a list of params needs one SamplingParams per prompt, differing "
+                             "from the first in max_tokens only")
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
@@ -188,8 +207,10 @@ class LLM:
                              "available with enable_prefix_caching=True")
         encoded = self._encode(prompts)
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
+                   for p in prompts]
         for i, ids in enumerate(encoded):
-            self._check_fits(i, ids, params)
+            self._check_fits(i, ids, per_prompt[i])
         if arrival_steps is None:
             arrival_steps = [0] * len(encoded)
         arrival_steps = list(arrival_steps)
@@ -200,6 +221,7 @@ class LLM:
                              f"({len(encoded)}), got {arrival_steps!r:.80}")
         self._params, self._seed = params, resolve_seed(params)
         self._return_logits = return_logits
+        self._first_token: dict[int, float] = {}
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
         # full prompt blocks come out of the prefix cache.
@@ -207,7 +229,7 @@ class LLM:
         self._reqs: list[_Request] = []
         for i, ids in enumerate(encoded):
             for j in range(params.n if split else 1):
-                self._reqs.append(_Request(i, ids, first_index=j))
+                self._reqs.append(_Request(i, ids, first_index=j, params=per_prompt[i]))
         self._live: dict[int, _SeqState] = {}
         pending = sorted(range(len(self._reqs)),
                          key=lambda r: arrival_steps[self._reqs[r].prompt_index])
@@ -217,7 +239,7 @@ class LLM:
                 r = pending.pop(0)
                 req = self._reqs[r]
                 req.group = sched.add_request(
-                    r, req.ids, self._output_len(req.ids, params), arrival_s=float(step),
+                    r, req.ids, self._output_len(req.ids, req.params), arrival_s=float(step),
                     n=1 if split else params.n, beam_width=params.beam_width)
                 st = _SeqState(r, req.first_index)
                 req.states.append(st)
@@ -275,6 +297,8 @@ class LLM:
 
     # ---- sampling and parallel samples ---------------------------------------------------------
     def _record(self, st: _SeqState, lg: np.ndarray, t: int) -> None:
+        # time to first token, per prompt: setdefault keeps the earliest of its samples
+        self._first_token.setdefault(self._reqs[st.request].prompt_index, time.perf_counter())
         st.tokens.append(t)
         st.cum_logprob += float(log_softmax(lg)[t])
         if self._return_logits:
@@ -324,8 +348,8 @@ class LLM:
                         touched.append((None, c))
         for s, st in touched:
             req = self._reqs[st.request]
-            st.reason = finish_reason(st.tokens, len(req.ids), self._params,
-                                      self.model.cfg.max_seq_len, self.tokenizer.eos_id,
+            st.reason = finish_reason(st.tokens, len(req.ids), req.params,
+                                      self.model.cfg.max_seq_len, self.tokenizer.eos_ids,
                                       self.tokenizer.decode)
             if st.reason is None or s is None:
                 continue
@@ -352,7 +376,7 @@ class LLM:
             survivors, done = beam_step(live, [log_softmax(logits[j]) for j in js], k, eos)
             req.beams_done.extend((b, "stop") for b in done)
             new_live = [(i, Beam(live[i].tokens + [t], sc)) for i, t, sc in survivors]
-            out_len = self._output_len(req.ids, self._params)
+            out_len = self._output_len(req.ids, req.params)
             if len(req.beams_done) >= k or not new_live:
                 req.beam_over = True
                 for j in js:
@@ -412,4 +436,6 @@ class LLM:
                     np.stack(st.logits) if self._return_logits else None))
         for res in results:
             res.outputs.sort(key=lambda o: o.index)
+        for res in results:
+            res.first_token_time = self._first_token.get(res.request_id)
         return results

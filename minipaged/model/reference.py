@@ -34,7 +34,7 @@ from minipaged.model.sampling import (
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer
+from minipaged.model.tokenizer import CharTokenizer, prompt_ids
 
 ATTENTIONS = ("dense", "torch")
 
@@ -64,12 +64,12 @@ class ContiguousCache:
 
 
 class ReferenceGenerator:
-    def __init__(self, model: Decoder, *, attention: str = "dense"):
+    def __init__(self, model: Decoder, *, attention: str = "dense", tokenizer=None):
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
         self.model = model
         self.attention = attention
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
         self.dtype = next(model.parameters()).detach().numpy().dtype
         self.scale = scale_for(model.cfg)
         if attention == "dense":
@@ -96,19 +96,13 @@ class ReferenceGenerator:
         cache.length = end
         return logits[0].numpy()
 
-    def _check_prompt(self, i: int, ids: list[int]) -> None:
-        if len(ids) >= self.model.cfg.max_seq_len:
-            raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with <bos>); the model's "
-                             f"max_seq_len is {self.model.cfg.max_seq_len}")
-
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
         params = params or SamplingParams()
         if isinstance(prompts, str):
             prompts = [prompts]
-        encoded = [self.tokenizer.encode(p) for p in prompts]
-        for i, ids in enumerate(encoded):
-            self._check_prompt(i, ids)
+        encoded = [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
+                   for i, p in enumerate(prompts)]
         seed = resolve_seed(params)
         results = []
         for rid, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -131,7 +125,7 @@ class ReferenceGenerator:
             cum += float(log_softmax(logits)[tok])
             out.append(tok)
             reason = finish_reason(out, len(ids), params, self.model.cfg.max_seq_len,
-                                   self.tokenizer.eos_id, self.tokenizer.decode)
+                                   self.tokenizer.eos_ids, self.tokenizer.decode)
             if reason is not None:
                 break
             logits = self._forward(cache, [tok])

@@ -34,7 +34,8 @@ class SamplingParams:
     n            completions per prompt (parallel sampling; they share the prompt's blocks)
     beam_width   > 1 runs beam search and returns that many beams (needs n == 1, temperature 0)
     seed         makes sampling reproducible; None draws one seed per generate call
-    stop         strings that end a completion (not included in its text); <eos> always ends it
+    stop         strings that end a completion (not included in its text)
+    ignore_eos   go on past end-of-sequence tokens (fixed output lengths, as vLLM's switch)
     """
 
     max_tokens: int = 16
@@ -44,6 +45,7 @@ class SamplingParams:
     beam_width: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self):
         def _int(name, lo):
@@ -57,6 +59,8 @@ class SamplingParams:
         _int("top_k", 0)
         _int("n", 1)
         _int("beam_width", 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
@@ -109,6 +113,7 @@ class RequestOutput:
     prompt: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
+    first_token_time: float | None = None   # time.perf_counter() when its first token came
 
 
 def resolve_seed(params: SamplingParams) -> int:
@@ -180,10 +185,11 @@ def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos
 
 
 def finish_reason(out_tokens: list[int], prompt_len: int, params: SamplingParams,
-                  max_seq_len: int, eos_id: int, decode) -> str | None:
+                  max_seq_len: int, eos_ids, decode) -> str | None:
     """Why a sample ends after its newest token, or None to go on. Shared by both generators:
-    <eos> or a stop string -> "stop"; max_tokens or the model's max_seq_len -> "length"."""
-    if out_tokens[-1] == eos_id:
+    an end-of-sequence id (any of ``eos_ids``, unless ignore_eos) or a stop string -> "stop";
+    max_tokens or the model's max_seq_len -> "length"."""
+    if out_tokens[-1] in eos_ids and not params.ignore_eos:
         return "stop"
     if params.stop and apply_stop(decode(out_tokens), params.stop)[1]:
         return "stop"

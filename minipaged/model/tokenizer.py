@@ -34,6 +34,7 @@ class CharTokenizer:
 
     vocab_size = VOCAB_SIZE
     pad_id, bos_id, eos_id = PAD, BOS, EOS
+    eos_ids = frozenset({EOS})
 
     def encode(self, text: str, *, bos: bool = True) -> list[int]:
         if not isinstance(text, str):
@@ -60,3 +61,22 @@ class CharTokenizer:
                 continue
             out.append(CHARS[tid - len(SPECIALS)])
         return "".join(out)
+
+
+def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
+    """prompts[i] as token ids, shorter than max_seq_len: a str is encoded (with <bos>), a list
+    of ints is taken as the ids themselves (tokenized elsewhere, e.g. a chat template)."""
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif not isinstance(prompt, (list, tuple)) or not prompt or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+        raise TypeError(f"prompts[{i}] must be a str or a non-empty list of token ids (ints), "
+                        f"got {prompt!r:.60}")
+    else:
+        ids = list(prompt)
+    if not all(0 <= t < tokenizer.vocab_size for t in ids):
+        raise ValueError(f"prompts[{i}] holds a token id outside [0, {tokenizer.vocab_size})")
+    if len(ids) >= max_seq_len:
+        raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); the "
+                         f"model's max_seq_len is {max_seq_len}")
+    return ids

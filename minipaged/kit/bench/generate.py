@@ -8,6 +8,9 @@ of 32 passes over one. With a model this small a step costs mostly fixed Python 
 overhead per layer, and batching pays that overhead once per step instead of once per
 sequence: that is where the ratio comes from (on a GPU the same argument holds for reading the
 weights, paper section 2.3).
+
+With ``--model DIR`` (a Hugging Face model directory) it measures the paged engine against
+transformers' batched ``generate`` instead; see generate_hf.py.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from __future__ import annotations
 def run(args) -> int:
     import importlib.util
 
+    if args.model or args.write_random_model:
+        from minipaged.kit.bench import generate_hf
+
+        args.requests = args.requests or 16
+        return generate_hf.run(args)
+    args.requests = 32 if args.requests is None else args.requests
     from rich.console import Console
     from rich.table import Table
 

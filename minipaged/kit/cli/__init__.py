@@ -79,6 +79,13 @@ def bounds(*, low: float | None = None, above: float | None = None,
     return check
 
 
+def input_dir(path: str) -> str | None:
+    p = Path(path)
+    if p.is_file():
+        return "is a file; expected a directory"
+    return None if p.is_dir() else "does not exist; expected an existing directory"
+
+
 def input_file(path: str) -> str | None:
     p = Path(path)
     if p.is_dir():
@@ -272,10 +279,20 @@ def _bench(sub) -> None:
 
     g = command(benches, "generate", "tokens/s of the paged engine vs the reference generator",
                 generate.__doc__, generate.run)
-    num(g, "--requests", int, 32, "concurrent requests")
+    num(g, "--requests", int, None, "concurrent requests (unset: 32; 16 with --model)")
     num(g, "--max-tokens", int, 64, "new tokens per request, at most")
     num(g, "--block-size", int, 16, "token slots per block of the paged engine")
     num(g, "--repeats", int, 3, "timed runs (the median is reported)")
+    hf = g.add_argument_group("with --model: the paged engine against transformers")
+    hf.add_argument("--model", default=None, metavar="DIR",
+                    help="a Hugging Face model directory (needs transformers)")
+    hf.add_argument("--write-random-model", default=None, metavar="DIR",
+                    help="first write a random model of SmolLM2-135M's shape to DIR")
+    num(hf, "--min-prompt", int, 20, "shortest prompt, tokens")
+    num(hf, "--max-prompt", int, 300, "longest prompt, tokens")
+    num(hf, "--min-new", int, 16, "shortest output, tokens")
+    num(hf, "--max-new", int, 256, "longest output, tokens")
+    num(hf, "--seed", int, 0, "draws prompts and lengths", NON_NEGATIVE)
 
     k = command(benches, "kernel", "the CUDA paged attention kernel (GPU via CuPy, or the CPU "
                 "harness): correctness, then time, bandwidth and a contiguous baseline",
@@ -314,14 +331,21 @@ def _generate(sub) -> None:
     num(p, "--n", int, 1, "parallel samples per prompt (they share the prompt's blocks)")
     num(p, "--beam-width", int, 1, "> 1: beam search, that many beams")
     num(p, "--seed", int, 0, "sampling seed", NON_NEGATIVE)
-    num(p, "--num-blocks", int, 256, "KV pool size in blocks")
+    num(p, "--num-blocks", int, None, "KV pool size in blocks (unset: 256 for the tiny model, "
+        "else what --kv-cache-gb holds)")
+    num(p, "--kv-cache-gb", float, None, "KV budget in GiB when --num-blocks is unset (unset: "
+        "1 with --model)", bounds(above=0), metavar="GB")
+    path(p, "--model", input_dir, "a Hugging Face model directory (Llama, Qwen2, Qwen3)")
+    p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
+    num(p, "--max-model-len", int, None, "with --model: positions to keep (unset: the config's)")
     num(p, "--block-size", int, 16, "token slots per block")
     p.add_argument("--prefix-caching", action="store_true",
                    help="share full prompt blocks across requests by hash (vLLM v1)")
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what to do when the pool runs out")
     num(p, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS tokens "
-        "(0 = off)", NON_NEGATIVE, metavar="TOKENS")
+        "(0: off, except for models of more than 8192 positions, chunked by 512)", NON_NEGATIVE,
+        metavar="TOKENS")
     p.add_argument("--reference", action="store_true",
                    help="use the plain reference generator (contiguous cache, no batching)")
     p.add_argument("--show-blocks", action="store_true",

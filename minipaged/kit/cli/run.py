@@ -435,6 +435,37 @@ def _block_drawer(console):
     return draw
 
 
+def _progress(console, every_s: float = 2.0):
+    """An ``on_step`` callback: prefill and decode tokens/s over the last ``every_s`` seconds."""
+    last = {"t": time.perf_counter(), "pre": 0, "dec": 0}
+
+    def show(stats) -> None:
+        last["pre"] += stats.num_prefill_tokens
+        last["dec"] += stats.num_decodes
+        dt = time.perf_counter() - last["t"]
+        if dt >= every_s:
+            console.print(f"[dim]step {stats.step}: prefill {last['pre'] / dt:,.0f} tok/s, "
+                          f"decode {last['dec'] / dt:,.0f} tok/s, "
+                          f"{stats.num_free_blocks} free blocks[/dim]")
+            last.update(t=time.perf_counter(), pre=0, dec=0)
+
+    return show
+
+
+def _load_hf(args):
+    """(model, tokenizer, prompts as token ids or text) for ``--model DIR``."""
+    try:
+        from minipaged.model.hf import load_hf
+
+        model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
+    except ImportError as e:
+        raise ValueError(f"--model needs {e.name}: python -m pip install -e '.[hf]'") from None
+    prompts = args.prompts
+    if args.chat:   # the template writes the special tokens itself: encode without adding any
+        prompts = [tok.encode(tok.chat_prompt(p), bos=False) for p in prompts]
+    return model, tok, prompts
+
+
 def generate(args) -> int:
     import importlib.util
 
@@ -453,7 +484,14 @@ def generate(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, n=args.n, beam_width=args.beam_width,
                             seed=args.seed)
-    if args.checkpoint is None:
+    tokenizer, prompts = None, args.prompts
+    if args.model is not None:
+        if args.checkpoint is not None:
+            raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
+        model, tokenizer, prompts = _load_hf(args)
+    elif args.chat or args.max_model_len is not None:
+        raise ValueError("--chat and --max-model-len need --model DIR")
+    elif args.checkpoint is None:
         model = load_model()
     else:
         try:
@@ -466,7 +504,7 @@ def generate(args) -> int:
     if args.reference:
         from minipaged.model.reference import ReferenceGenerator
 
-        outs = ReferenceGenerator(model).generate(args.prompts, params)
+        outs = ReferenceGenerator(model, tokenizer=tokenizer).generate(prompts, params)
         summary = "reference generator (contiguous cache per sequence)"
     else:
         from minipaged.model.engine import LLM
@@ -475,23 +513,31 @@ def generate(args) -> int:
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
         kv = (pools * 2 * c.n_layers * c.n_kv_heads * c.head_dim * args.block_size
               * next(model.parameters()).element_size())
-        refuse_if_too_big(f"--num-blocks={args.num_blocks} x --block-size={args.block_size} "
-                          "(the KV pool)", args.num_blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
-        llm = LLM(model, num_blocks=args.num_blocks, block_size=args.block_size,
+        if args.num_blocks is not None:
+            refuse_if_too_big(f"--num-blocks={args.num_blocks} x --block-size={args.block_size} "
+                              "(the KV pool)", args.num_blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
+        elif args.kv_cache_gb is not None:
+            refuse_if_too_big(f"--kv-cache-gb={args.kv_cache_gb:g} (the KV pool)",
+                              pools * args.kv_cache_gb * 2**30)
+        llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
+                  block_size=args.block_size, kv_cache_gb=args.kv_cache_gb,
                   enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
-                  chunked_prefill=args.chunked_prefill > 0,
+                  chunked_prefill=(args.chunked_prefill > 0) or None,
                   max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
+        err.print(f"[dim]{llm.pool_note}[/dim]")
+        show = [_progress(err)]
         if args.show_blocks:
-            llm.on_step = _block_drawer(err)
-        outs = llm.generate(args.prompts, params)
+            show.append(_block_drawer(err))
+        llm.on_step = lambda stats: [f(stats) for f in show]
+        outs = llm.generate(prompts, params)
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "
                    f"{llm.runner.num_blocks_swapped} swapped; pool back to "
                    f"{llm.manager.num_free_blocks}/{llm.num_blocks} free blocks")
     dt = time.perf_counter() - t0
-    for o in outs:
+    for prompt, o in zip(args.prompts, outs):
         texts = " || ".join(_escape(c.text) for c in o.outputs)
-        sys.stdout.write(f"{_escape(o.prompt)} => {texts}\n")
+        sys.stdout.write(f"{_escape(prompt)} => {texts}\n")
     sys.stdout.flush()
     n_tok = sum(len(c.token_ids) for o in outs for c in o.outputs)
     err.print(f"[dim]{summary}; {n_tok} tokens in {dt:.2f} s[/dim]")

@@ -1,0 +1,43 @@
+"""How many KV blocks a memory budget buys: lesson 01's arithmetic, applied to a real run.
+
+vLLM's CPU backend takes a fixed KV budget in GiB (VLLM_CPU_KVCACHE_SPACE; vllm/platforms/cpu.py)
+and divides it by the bytes of a block. Here ``kv_calc`` of sim/memory.py (``minipaged kv-calc``)
+does it for the loaded model in float32: bytes per token = 2 (K and V) x layers x Hkv x D x 4;
+SmolLM2-135M: 46,080, so 1 GiB holds 23,301 tokens, 1,456 blocks of 16. The default budget is a
+fixed 1 GiB, not "whatever is free", so a run sizes its pool the same way on every machine.
+
+Read before: ../sim/memory.py. Read next: engine.py.
+"""
+
+from __future__ import annotations
+
+DEFAULT_KV_CACHE_GB = 1.0
+
+
+def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float | None,
+              from_dir: bool) -> tuple[int, str]:
+    """(num_blocks, a line saying how): ``num_blocks`` when given; 256 for the tiny model unless
+    a budget is given; else what ``kv_cache_gb`` GiB hold (1 GiB by default)."""
+    from minipaged.sim.memory import GiB, GPUSpec, MemoryPreset, ModelSpec, kv_calc
+
+    if num_blocks is not None:
+        return num_blocks, f"KV pool: {num_blocks} blocks of {block_size} (given)"
+    if kv_cache_gb is None and not from_dir:
+        return 256, f"KV pool: 256 blocks of {block_size} (the tiny model's default)"
+    gb = DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb
+    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
+        raise ValueError(f"kv_cache_gb must be a number > 0 (GiB), got {gb!r}")
+    c = model.cfg
+    spec = ModelSpec("model", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                     float(model.num_parameters()), 4, c.max_seq_len)
+    # the "device" is host memory; kv_calc reads only its name (not bandwidth, FLOP/s)
+    host = GPUSpec("host memory", int(gb * GiB), mem_bw=0.0, flops=0.0)
+    r = kv_calc(MemoryPreset(spec, host, int(gb * GiB)), block_size=block_size,
+                context_len=c.max_seq_len)
+    if r["num_blocks"] < 1:
+        raise ValueError(f"kv_cache_gb={gb} holds {r['token_slots']} tokens, less than one "
+                         f"block of {block_size}: raise it")
+    return r["num_blocks"], (
+        f"KV pool: 2 x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.head_dim} x 4 B = "
+        f"{r['kv_bytes_per_token']:,} B per token; {gb:g} GiB / that = {r['token_slots']:,} "
+        f"tokens = {r['num_blocks']:,} blocks of {block_size}")
