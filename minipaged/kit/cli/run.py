@@ -524,12 +524,12 @@ def generate(args) -> int:
                   enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
                   chunked_prefill=(args.chunked_prefill > 0) or None,
                   max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
-        err.print(f"[dim]{llm.pool_note}[/dim]")
         show = [_progress(err)]
         if args.show_blocks:
             show.append(_block_drawer(err))
         llm.on_step = lambda stats: [f(stats) for f in show]
         outs = llm.generate(prompts, params)
+        err.print(f"[dim]{llm.pool_note}[/dim]")
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "
                    f"{llm.runner.num_blocks_swapped} swapped; pool back to "
