@@ -15,7 +15,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from minipaged.kit import factcheck
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 console = Console()
 

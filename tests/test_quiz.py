@@ -98,7 +98,7 @@ def test_figures_come_from_the_package(monkeypatch):
     figs = dict(drills._answer_follow_up_1(SMALL).figures)
     assert figs["block table, 128K tokens, BS 16, int32"] == quiz.nbytes(12345 * 4)
 
-    from minipaged.paged import block_manager as kv_cache
+    from minipaged.serving import swap as kv_cache
 
     real = kv_cache.KVCacheManager.ref_count
     monkeypatch.setattr(kv_cache.KVCacheManager, "ref_count",

@@ -134,7 +134,7 @@ def _answer_follow_up_1(ctx: Context) -> Answer:
 def _paged_waste(n: int, bs: int) -> tuple[int, int]:
     """(internal fragmentation slots, allocated slots) of one finished n-token sequence, read
     from a real KVCacheManager."""
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(-(-n // bs) + 1, bs)
     m.allocate("r", list(range(n)))
@@ -208,7 +208,7 @@ def _answer_follow_up_3(ctx: Context) -> Answer:
 
 
 def _answer_pitfall_concept(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(8, 16)
     m.allocate("parent", list(range(20)))           # 1 full block + 4 tokens in the second
@@ -269,7 +269,7 @@ def _answer_pitfall_vllm_only(ctx: Context) -> Answer:
 
 
 def _answer_refcount_cap(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(4, 16)
     m.allocate("p", list(range(16)))
@@ -288,7 +288,7 @@ def _answer_refcount_cap(ctx: Context) -> Answer:
 
 
 def _answer_no_replacement(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     r = ctx.sim(kv_cache_gb=2, preemption_mode="recompute")
     m = KVCacheManager(4, 4, enable_prefix_caching=True)

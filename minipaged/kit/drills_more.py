@@ -110,7 +110,7 @@ def _answer_v1_v2(ctx: Context) -> Answer:
 
 
 def _answer_cow_vs_prefix(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     n, prompt, gen, bs = 4, list(range(100)), 30, 16
     cow = KVCacheManager(256, bs)
@@ -177,7 +177,7 @@ def _answer_swap_vs_recompute(ctx: Context) -> Answer:
 
 
 def _answer_table_to_kernel(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
     from minipaged.sim.memory import block_table_bytes, preset
 
     m = KVCacheManager(32, 4)
@@ -296,7 +296,7 @@ def _answer_decode_traffic(ctx: Context) -> Answer:
 
 
 def _answer_last_token(ctx: Context) -> Answer:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     out = []
     for n in (33, 32, 16):

@@ -144,7 +144,7 @@ def c_no_external(ctx: Context) -> Finding:
 
 
 def c_cow(ctx: Context) -> Finding:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
     m = KVCacheManager(8, 16)
     m.allocate("parent", list(range(20)))  # 2 blocks, the second partly filled
     m.fork("parent", "child")
@@ -161,7 +161,7 @@ def c_cow(ctx: Context) -> Finding:
 
 
 def c_refcap(ctx: Context) -> Finding:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
     m = KVCacheManager(4, 16)
     m.allocate(0, list(range(16)))
     for i in range(1, 101):
@@ -215,7 +215,7 @@ def c_128k(ctx: Context) -> Finding:
 
 def c_33_tokens(ctx: Context) -> Finding:
     from minipaged.contiguous.cache import ContiguousKVCache
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
     c = ContiguousKVCache(64, 1, 1, policy="max", max_seq_len=64, store_kv=False)
     c.reserve("r", 33, 33)
     c.advance("r", 33)
@@ -264,7 +264,7 @@ def c_sweet_spot(ctx: Context) -> Finding:
 
 
 def c_no_replacement(ctx: Context) -> Finding:
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
     from minipaged.sim.simulator import SimConfig, simulate
     r = simulate(SimConfig(num_requests=60 if ctx.quick else 200, kv_cache_gb=2.0,
                            request_rate=2.0, seed=ctx.seed))

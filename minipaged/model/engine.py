@@ -48,9 +48,9 @@ from minipaged.model.sampling import (
     sample_token,
 )
 from minipaged.model.tokenizer import CharTokenizer
-from minipaged.paged.block_manager import KVCacheManager
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
+from minipaged.serving.swap import KVCacheManager
 
 PREEMPTION_MODES = ("recompute", "swap")
 

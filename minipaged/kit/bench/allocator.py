@@ -7,8 +7,8 @@ requests are freed, and when a step runs out of blocks the newest request is dro
 by recomputation, re-queued). Every ``allocate`` / ``append_slot`` / ``fork`` / ``free`` is
 timed, and the same trace runs through two managers side by side:
 
-    minipaged    ``kv_cache.KVCacheManager`` (list free stack, LRU deque with O(1) lazy
-                 removal from the middle, chained hashes verified by token ids and parent)
+    minipaged    ``serving.swap.KVCacheManager`` (list free stack; with prefix caching one
+                 OrderedDict free queue in eviction order, chained hashes checked by token ids)
     plain        ``PlainBlockManager`` below: the obvious way, in the style of compact engines:
                  a deque free list, a dict hash -> block, a Block object per block, a cache hit
                  on a free block removed from the deque by value (O(NB)).
@@ -249,7 +249,7 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
     property of either manager. It runs between repeats."""
     import gc
 
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     totals = {name: {op: [0.0, 0] for op in OPS} for name in ("minipaged", "plain")}
     chunk_ratios: list[float] = []

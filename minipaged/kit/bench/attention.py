@@ -114,7 +114,7 @@ def _dense_einsum(q, k, v, scale):
 def _block_manager_rates(console, repeats):
     """allocate / append_slot / free per second on a KVCacheManager, if that module exists."""
     try:
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
     except ImportError:
         console.print("[dim]the block manager is not available: its rates are skipped[/]")
         return None

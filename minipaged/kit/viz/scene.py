@@ -48,7 +48,7 @@ class Frame:
 
 def _probe_core() -> str | None:
     try:
-        importlib.import_module("minipaged.paged.block_manager").KVCacheManager  # noqa: B018
+        importlib.import_module("minipaged.serving.swap").KVCacheManager  # noqa: B018
     except (ImportError, AttributeError) as e:
         return f"the paged cache (KVCacheManager) is not there yet: {e}"
     return None
@@ -81,7 +81,7 @@ def _probe_attention() -> str | None:
 def _probe_fork() -> str | None:
     if (msg := _probe_core()) is not None:
         return msg
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     try:
         m = KVCacheManager(4, 2)
@@ -97,7 +97,7 @@ def _probe_fork() -> str | None:
 def _probe_prefix() -> str | None:
     if (msg := _probe_core()) is not None:
         return msg
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     try:
         m = KVCacheManager(8, 2, enable_prefix_caching=True)
@@ -114,7 +114,7 @@ def _probe_prefix() -> str | None:
 def _probe_swap() -> str | None:
     if (msg := _probe_core()) is not None:
         return msg
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     try:
         m = KVCacheManager(8, 2, num_cpu_blocks=4)

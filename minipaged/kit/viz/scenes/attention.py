@@ -42,7 +42,7 @@ class AttentionScene(Scene):
         return {"pool": self.manager}
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
 
         # Looked up by name: these modules belong to the attention area and may land later.
         dense_attention = importlib.import_module("minipaged.attention").dense_attention

@@ -46,7 +46,7 @@ class _System:
 
     def __init__(self, kind: str, requests) -> None:
         from minipaged.contiguous.cache import ContiguousKVCache
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
 
         self.kind = kind
         self.requests = {r.seq_id: r for r in requests}

@@ -35,7 +35,7 @@ class PagingScene(Scene):
     summary = "block tables growing token by token; slot = block * block_size + offset"
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
 
         rng = np.random.default_rng(self.seed)
         self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)

@@ -44,8 +44,7 @@ class PreemptScene(Scene):
         return {"pool": self.manager}
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.paged.block_manager import KVCacheManager
-        from minipaged.serving.swap import CPUBlockPool
+        from minipaged.serving.swap import CPUBlockPool, KVCacheManager
 
         rng = np.random.default_rng(self.seed)
         self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, num_cpu_blocks=NUM_CPU_BLOCKS)

@@ -41,7 +41,7 @@ class PrefixScene(Scene):
         return {"pool": self.manager}
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
 
         rng = np.random.default_rng(self.seed)
         self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)

@@ -42,7 +42,7 @@ class _SharingScene(Scene):
 
     def _start(self) -> tuple[np.random.Generator, object, list[int]]:
         """A fresh pool with K/V storage, and a seeded prompt of 5-7 tokens to share."""
-        from minipaged.paged.block_manager import KVCacheManager
+        from minipaged.serving.swap import KVCacheManager
 
         rng = np.random.default_rng(self.seed)
         self.manager = m = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
@@ -81,7 +81,12 @@ class ForkScene(_SharingScene):
     summary = "three samples of one prompt share its blocks; copy-on-write on append"
 
     def frames(self) -> Iterator[Frame]:
-        from minipaged.sharing.sampling import append_group, free_group, start_parallel_sampling
+        from minipaged.sharing.sampling import (
+            append_group,
+            fork_seq,
+            free_group,
+            start_parallel_sampling,
+        )
 
         rng, m, prompt = self._start()
         group, _ = start_parallel_sampling(m, "request", prompt, 1)
@@ -95,10 +100,8 @@ class ForkScene(_SharingScene):
                           group.seq_ids)
         events = []
         for _ in range(2):
-            child = group.new_seq_id()
-            m.fork(first, child)
+            child = fork_seq(m, group, first)
             self.kv.fork(first, child)
-            group.seq_ids.append(child)
             events.append(Event("fork", f"{self.labels(child)} = fork of {self.labels(first)}: "
                                         f"shares blocks {blocks_text(m.block_table(child))}, "
                                         f"nothing copied"))
