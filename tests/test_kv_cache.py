@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
 from minipaged.serving.swap import KVCacheManager
@@ -156,3 +157,32 @@ def test_fast_usage_equals_the_block_by_block_oracle(prefix):
         finals = {s: m.seq_len(s) + (s * 5) % 11 for s in on_gpu}
         assert m.usage() == m.usage_slow() and m.usage(finals) == m.usage_slow(finals)
     m.check_invariants()
+
+
+def test_numpy_integers_are_accepted_and_bools_refused():
+    m = KVCacheManager(np.int64(8), np.int32(2), num_cpu_blocks=np.int16(2))
+    m.allocate("a", np.array([1, 2, 3]))
+    assert m.append_slot("a", np.int16(4)) == 3
+    assert m.slot_mapping("a", np.int64(1), np.uint8(4)).tolist() == [1, 2, 3]
+    assert m.block_tables(["a"], pad=np.int8(-7)).tolist() == [[0, 1]]
+    assert m.can_allocate(np.int64(12)) and m.token_ids("a") == [1, 2, 3, 4]
+    before = snapshot(m)
+    bad_calls = [lambda: m.append_slot("a", True), lambda: m.allocate("b", [1, False]),
+                 lambda: m.slot_mapping("a", 0, np.bool_(True)), lambda: m.can_allocate(True),
+                 lambda: KVCacheManager(True, 2), lambda: KVCacheManager(4, 2, num_cpu_blocks=True)]
+    for call in bad_calls:
+        with pytest.raises(TypeError, match="bool"):
+            call()
+    assert snapshot(m) == before
+
+
+def test_unhashable_seq_ids_are_refused_by_name():
+    m = KVCacheManager(8, 2, enable_prefix_caching=True, num_cpu_blocks=4)
+    m.allocate("a", [1, 2, 3])
+    before = snapshot(m)
+    for call in (lambda: m.allocate(["b"], [1]), lambda: m.append_slot(["b"], 1),
+                 lambda: m.free(["b"]), lambda: m.block_table(["b"]), lambda: m.fork("a", ["b"]),
+                 lambda: m.swap_out([["b"]]), lambda: m.is_swapped(["b"])):
+        with pytest.raises(TypeError, match=r"seq_ids?(\[0\])?=\['b'\] must be hashable"):
+            call()
+    assert snapshot(m) == before

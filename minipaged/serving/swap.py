@@ -77,7 +77,7 @@ class KVCacheManager(PrefixCachingBlockManager):
         return super()._no_table_error(seq_id)
 
     def _group(self, seq_ids: Iterable[Hashable], where: str) -> list[Hashable]:
-        ids = list(seq_ids)
+        ids = [check_seq_id(f"seq_ids[{i}]", s) for i, s in enumerate(seq_ids)]
         if not ids:
             raise ValueError(f"{where}: seq_ids is empty")
         if len(set(ids)) != len(ids):
