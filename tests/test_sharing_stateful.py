@@ -183,7 +183,9 @@ class SharingMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
     @rule(data=st.data(), token=st.integers(0, 3))
     def append(self, data, token):
-        sid = data.draw(st.sampled_from(self._gpu_seqs()))
+        self._append(data.draw(st.sampled_from(self._gpu_seqs())), token)
+
+    def _append(self, sid, token):
         before = snapshot(self.mgr)
         try:
             slot = self.mgr.append_slot(sid, token)
@@ -196,8 +198,20 @@ class SharingMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
     @rule(data=st.data())
     def fork(self, data):
-        self.flush()  # an engine forks between steps, after the step's K/V are written
+        self._fork(data.draw(st.sampled_from(self._gpu_seqs())))
+
+    @precondition(lambda self: any(not self.mgr.is_swapped(s) for s in self.model))
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 3), min_size=2, max_size=2))
+    def fork_then_decode(self, data, tokens):
+        """Parallel sampling's step: fork, then child and parent each append (a shared partly
+        filled last block is copied for the first writer; the second writes in place)."""
         parent = data.draw(st.sampled_from(self._gpu_seqs()))
+        child = self._fork(parent)
+        for sid, token in zip((child, parent), tokens):
+            self._append(sid, token)
+
+    def _fork(self, parent):
+        self.flush()  # an engine forks between steps, after the step's K/V are written
         child = self.next_id
         self.next_id += 1
         self.mgr.fork(parent, child)
@@ -205,6 +219,7 @@ class SharingMachine(RuleBasedStateMachine):
         self.model[child] = (list(ks), list(vs), list(keys))
         assert self.mgr.block_table(child) == self.mgr.block_table(parent)
         self._seen(child)
+        return child
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
