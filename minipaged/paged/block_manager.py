@@ -165,14 +165,12 @@ class BlockManager:
 
     # ---- accounting ------------------------------------------------------------------------
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
-        """Slots by category (``contiguous/usage.py``), in O(#sequences). ``final_lens``: the
-        length each sequence will reach, so that its unfilled slots count as *reserved*.
-
-        Why per sequence is enough: only a *last* block can be partly filled, and every table
-        that holds a partly filled block holds it at the same fill (a block shared by a fork is
-        not written until copied; prefix caching shares full blocks only). So the table blocks
-        hold ``BS`` token states each, minus the empty slots of the distinct last blocks. A
-        shared block is counted once; the oracle ``usage_slow`` checks this."""
+        """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
+        length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
+        *last* block can be partly filled, at the same fill in every table holding it (a forked
+        block is copied before it is written; prefix caching shares full blocks only), so the
+        table blocks hold BS token states each minus the empty slots of the distinct last
+        blocks. A shared block counts once, as in the oracle ``usage_slow``."""
         bs = self.block_size
         partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
         for s, table in self._tables.items():
@@ -181,11 +179,9 @@ class BlockManager:
                 final = n if final_lens is None else max(n, int(final_lens.get(s, n)))
                 f0, w0 = partial.get(table[-1], (0, 0))
                 partial[table[-1]] = (max(f0, n % bs), max(w0, min(bs, final - n + n % bs)))
-        used = self.num_blocks - self.num_free_blocks
-        token = (used - self._held_outside_tables()) * bs - sum(bs - f for f, _ in
-                                                                 partial.values())
-        reserved = sum(w - f for f, w in partial.values())
-        return self._usage(token, reserved)
+        in_tables = self.num_blocks - self.num_free_blocks - self._held_outside_tables()
+        token = in_tables * bs - sum(bs - f for f, _ in partial.values())
+        return self._usage(token, sum(w - f for f, w in partial.values()))
 
     def usage_slow(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Oracle for ``usage``: the definition, block by block over every table entry."""

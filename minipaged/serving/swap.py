@@ -11,13 +11,12 @@ one of two ways:
     recompute   free the GPU blocks and remember the tokens; later re-run them as one prefill.
                 Costs compute, independent of the block size. vLLM v1 preempts this way only.
 
-``KVCacheManager`` (the last of the block-manager stages, ``minipaged.KVCacheManager``) adds the
-block-id side: ``swap_out``, ``swap_in``, ``preempt_by_recompute``, with a plain
-``BlockAllocator`` for the CPU blocks. ``CPUBlockPool`` holds the host arrays, in the GPU cache's
-[NB, Hkv, BS, D] layout, and moves the data with ``cache_ops.swap_blocks``. The scheduler decides
-*when*; apply a step's data movement in this order: swap-outs, swap-ins, copy-on-write copies
-(``take_copies``), then the step's new K/V. Swap-outs must read their blocks before a swap-in in
-the same step may reuse them.
+``KVCacheManager`` (the last block-manager stage, ``minipaged.KVCacheManager``) adds the
+block-id side, with a plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the
+host arrays in the GPU cache's [NB, Hkv, BS, D] layout and moves data with
+``cache_ops.swap_blocks``. The scheduler decides *when*; a step's data moves in this order:
+swap-outs, swap-ins, copy-on-write copies (``take_copies``), then the step's new K/V (a swap-out
+reads its blocks before a swap-in in the same step may reuse them).
 
 Invariants (``check_invariants``): a sequence is either on the GPU (a table of GPU blocks) or
 swapped out (a table of CPU blocks), never both; CPU reference counts equal the CPU table entries

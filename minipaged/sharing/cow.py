@@ -95,7 +95,9 @@ class CowBlockManager(BlockManager):
         super()._release(table)
         for dst in [d for d in self._copies if self.allocator.ref_count(d) == 0]:
             src = self._copies.pop(dst)  # nobody will read this copy: drop it
-            self._reads -= Counter([src])  # (a Counter drops a count that reaches 0)
+            self._reads[src] -= 1
+            if self._reads[src] == 0:
+                del self._reads[src]
             self.allocator.free(src)
 
     # ---- room for a decode step ------------------------------------------------------------

@@ -6,38 +6,36 @@ a hash chained from its parent block's hash and its own token ids::
     h_0 = hash_fn(ROOT_HASH, tokens[0:BS]);  h_i = hash_fn(h_{i-1}, tokens[i*BS:(i+1)*BS])
 
 so equal hashes stand for the same *whole prefix*, not only the same BS tokens (K/V of a token
-depend on every token before it). A table maps hash -> block. A new prompt walks its chain and
-reuses the longest run of cached blocks from the start, at most (n - 1) // BS of them: the last
-prompt token is always recomputed, because the model needs its logits to sample the first new
-token (vllm/v1/core/kv_cache_manager.py get_computed_blocks: ``num_tokens - 1``). Only full
-blocks are cached: those a prompt fills at ``allocate``, and the last one when ``append_slot``
-fills it; a full block is never written again.
+depend on every token before it). A table maps hash -> block. A new prompt reuses the longest
+run of cached blocks from its start, at most (n - 1) // BS of them: the last prompt token is
+always recomputed, since the model needs its logits to sample the first new token
+(vllm/v1/core/kv_cache_manager.py get_computed_blocks: ``num_tokens - 1``). Only full blocks are
+cached (those a prompt fills at ``allocate``, the last one when ``append_slot`` fills it), and a
+full block is never written again.
 
 Freed blocks keep their K/V and hash. ONE free queue holds every free block in eviction order
 (vLLM's FreeKVCacheBlockQueue, vllm/v1/core/kv_cache_utils.py), 0..NB-1 at first:
     allocate  pops the head; a popped block that carries a hash is evicted only now (its hash
               dropped): eviction happens when a block is needed (block_pool.py get_new_blocks);
-    free      puts a block with a hash at the tail (least recently used first) and one without a
-              hash at the head, since no prompt can hit it (block_pool.py free_blocks, vLLM
-              0.32; earlier v1 releases appended both to the tail). A table is freed tail first,
-              so its tail blocks, the least likely to be shared, are evicted before its head;
+    free      puts a block with a hash at the tail (least recently used first) and one without
+              at the head, since no prompt can hit it (block_pool.py free_blocks, vLLM 0.32;
+              earlier v1 releases appended both to the tail). A table is freed tail first, so
+              its tail blocks, the least likely to be shared, are evicted before its head;
     hit       takes a free cached block out of the middle of the queue (block_pool.py touch).
-minipaged's queue is a ``collections.OrderedDict``: O(1) at both ends and in the middle.
+The queue is a ``collections.OrderedDict``: O(1) at both ends and in the middle.
 
 Hash only, or hash and tokens? vLLM finds a block by its hash alone (block_pool.py
-get_cached_block) and relies on the hash: sha256 by default (vllm/config/cache.py
+get_cached_block) and relies on a strong hash, sha256 by default (vllm/config/cache.py
 prefix_caching_hash_algo). nano-vllm also compares the cached block's token ids
-(nanovllm/engine/block_manager.py). minipaged compares them too: one tuple comparison per hit,
-and since ``hash_fn`` is pluggable (the default is Python's 64-bit, non-cryptographic tuple
-hash), a weak or colliding hash then costs hits instead of serving another block's K/V. It is
-no proof: two prefixes whose chain hashes collide, followed by equal tokens, still match; that
-is the ~2^-64 risk both systems accept.
+(nanovllm/engine/block_manager.py), and so does minipaged: one tuple comparison per hit, and as
+``hash_fn`` is pluggable (the default is Python's 64-bit, non-cryptographic tuple hash), a weak
+hash then costs hits instead of serving another block's K/V. It is no proof: two prefixes whose
+chain hashes collide, followed by equal tokens, still match; both systems accept that risk.
 
-Duplicates: when a block becomes full and its hash is already cached (the same prefix computed
-twice: a prompt that recomputes its last full block, or two requests decoding the same tokens),
-both blocks stay cached under that hash, as in vLLM (block_pool.py BlockHashToBlockMap: "we
-don't de-duplicate"): tables stay append-only and the copy is still a hit once the first one is
-evicted. A lookup returns the earliest cached one.
+Duplicates: a block that becomes full under a hash already cached (the same prefix computed
+twice: a prompt recomputing its last full block, two requests decoding the same tokens) is
+cached too, as in vLLM (block_pool.py BlockHashToBlockMap: "we don't de-duplicate"): tables stay
+append-only, and the copy still hits once the first is evicted. Lookups return the earliest.
 
 Fork and copy-on-write (``sharing/cow.py``) work here too, as vLLM v0's prefix-caching block
 manager allowed: full blocks are shared by hash and reference count, the partial last block by
@@ -173,8 +171,9 @@ class PrefixCachingBlockManager(CowBlockManager):
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  hash_fn: HashFn | None = None) -> None:
         super().__init__(num_blocks, block_size)
-        self.hash_fn = default_block_hash if hash_fn is None else check_callable("hash_fn",
-                                                                                 hash_fn)
+        if hash_fn is not None:
+            check_callable("hash_fn", hash_fn)
+        self.hash_fn: HashFn = hash_fn or default_block_hash
         self.enable_prefix_caching = bool(enable_prefix_caching)
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)

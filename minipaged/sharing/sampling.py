@@ -62,8 +62,8 @@ def fork_seq(mgr: CowBlockManager, group: SequenceGroup, parent_id: Hashable) ->
     parent = next((s for s in group.seqs if s.seq_id == parent_id), None)
     if parent is None:
         raise KeyError(f"parent_id={parent_id!r} is not a live sequence of the group")
-    child = _new_seq(group, parent.token_ids)
-    mgr.fork(parent_id, child.seq_id)
+    mgr.fork(parent_id, (group.request_id, group.next_index))  # raises before any change
+    child = _new_seq(group, parent.token_ids)  # ... under that very id
     child.num_computed, child.prefilling = len(child.token_ids), False
     return child.seq_id
 
@@ -204,7 +204,9 @@ class BeamSearch:
         slots = {}
         for s, c in moves:
             slots[s] = self.mgr.append_slot(s, c.token)
-            by_id[s].token_ids.append(int(c.token))
+            seq = by_id[s]
+            seq.token_ids.append(int(c.token))
+            seq.num_computed = len(seq.token_ids)  # the caller writes the new token's K/V now
             self.scores[s] = float(c.score)
         return slots
 
