@@ -13,8 +13,9 @@
 # or the global slot number `physical_block * BS + offset`), *reference count* (how many block
 # tables point at a physical block; lesson 04 makes it larger than 1).
 #
-# Code: `minipaged/block_allocator.py`, `minipaged/kv_cache.py`, `minipaged/cache_ops.py`,
-# `minipaged/paged_attention.py`. Next: lesson 04 (sharing blocks: copy-on-write).
+# Code: `minipaged/paged/block_allocator.py`, `minipaged/paged/block_manager.py`
+# (`BlockManager`), `minipaged/paged/cache_ops.py`, `minipaged/paged/paged_attention.py`.
+# Next: lesson 04 (sharing blocks: copy-on-write).
 
 # %%
 from __future__ import annotations
@@ -23,15 +24,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged import KVCacheManager, OutOfBlocksError, reshape_and_cache
+from minipaged import OutOfBlocksError, reshape_and_cache
 from minipaged.attention import dense_attention
+from minipaged.paged.block_manager import BlockManager
 from minipaged.paged.paged_attention import paged_attention
 
 console = Console()
 BS, NB = 4, 12  # tiny on purpose, so that every block fits on the screen
 
 
-def show_tables(mgr: KVCacheManager, title: str) -> None:
+def show_tables(mgr: BlockManager, title: str) -> None:
     t = Table(title=title, title_justify="left")
     t.add_column("seq")
     t.add_column("len", justify="right")
@@ -51,7 +53,7 @@ def show_tables(mgr: KVCacheManager, title: str) -> None:
 # free; nothing is reserved for the tokens they will generate.
 
 # %%
-mgr = KVCacheManager(num_blocks=NB, block_size=BS)
+mgr = BlockManager(num_blocks=NB, block_size=BS)
 prompts = {"A": [11, 12, 13, 14, 15], "B": [21, 22, 23], "C": list(range(31, 39))}
 for seq_id, prompt in prompts.items():
     mgr.allocate(seq_id, prompt)

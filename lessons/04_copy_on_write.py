@@ -9,8 +9,9 @@
 # a step needs are collected (`take_copies()`) and done in one call (`copy_blocks`) before the
 # step writes its new K/V.
 #
-# Code: `minipaged/kv_cache.py` (fork, append_slot, take_copies), `minipaged/cache_ops.py`
-# (copy_blocks), `minipaged/sharing.py` (sequence groups, parallel sampling, beam search).
+# Code: `minipaged/sharing/cow.py` (`CowBlockManager`: fork, copy-on-write in append_slot,
+# take_copies), `minipaged/paged/cache_ops.py` (copy_blocks), `minipaged/sharing/sequence.py`
+# (sequences and groups) and `minipaged/sharing/sampling.py` (parallel sampling, beam search).
 # Next: lesson 05 (prefix caching, the way vLLM v1 shares instead).
 
 # %%
@@ -20,9 +21,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged import KVCacheManager, copy_blocks, reshape_and_cache
+from minipaged import copy_blocks, reshape_and_cache
 from minipaged.attention import dense_attention
 from minipaged.paged.paged_attention import paged_attention
+from minipaged.sharing.cow import CowBlockManager
 from minipaged.sharing.sampling import (
     BeamSearch,
     Candidate,
@@ -38,7 +40,7 @@ BS, HKV, H, D = 4, 2, 4, 8
 rng = np.random.default_rng(0)
 
 
-def show(mgr: KVCacheManager, title: str) -> None:
+def show(mgr: CowBlockManager, title: str) -> None:
     t = Table(title=title, title_justify="left")
     for col in ("seq", "len", "block table", "reference counts"):
         t.add_column(col)
@@ -54,7 +56,7 @@ def show(mgr: KVCacheManager, title: str) -> None:
 # A prompt of 10 tokens (two full blocks and one half-full block) is forked twice.
 
 # %%
-mgr = KVCacheManager(num_blocks=16, block_size=BS)
+mgr = CowBlockManager(num_blocks=16, block_size=BS)
 key_cache = np.full((16, HKV, BS, D), np.nan, np.float32)  # [NB, Hkv, BS, D]
 value_cache = np.full_like(key_cache, np.nan)
 dense: dict[str, list[np.ndarray]] = {}
@@ -70,7 +72,9 @@ show(mgr, "after fork: every block shared three ways, no copy yet")
 
 # %% [markdown]
 # One decode step: each of the three appends a token. A and B find their last block shared and
-# each gets a copy; by the time P writes, it is the block's only user and writes in place.
+# each gets a copy; by the time P writes, it is the only table still holding the block and writes
+# in place. Until the copies are taken, each pending copy counts as one more user of its source,
+# so the source cannot be freed and handed out before the copy has read it.
 
 # %%
 slots = {s: mgr.append_slot(s, 99) for s in ("A", "B", "P")}
@@ -104,7 +108,7 @@ console.print(f"blocks held: {blocks_with_sharing(mgr, seqs)} with sharing, "
 # one block has 101 users:
 
 # %%
-many = KVCacheManager(num_blocks=4, block_size=16)
+many = CowBlockManager(num_blocks=4, block_size=16)
 many.allocate(0, list(range(16)))
 for child in range(1, 101):
     many.fork(0, child)
@@ -127,7 +131,7 @@ outlens = [int(work.integers(20, 100)) for _ in range(REQUESTS)]
 
 def parallel_saving(n: int) -> float:
     with_, without = 0, 0
-    m = KVCacheManager(num_blocks=4096, block_size=BS16)
+    m = CowBlockManager(num_blocks=4096, block_size=BS16)
     for r, prompt in enumerate(prompts):
         group, _ = start_parallel_sampling(m, r, prompt, n)
         lens = {s: int(work.integers(outlens[r] // 2, outlens[r] + 1)) for s in group.seq_ids}
@@ -144,7 +148,7 @@ def parallel_saving(n: int) -> float:
 
 def beam_saving(width: int) -> float:
     with_, without = 0, 0
-    m = KVCacheManager(num_blocks=4096, block_size=BS16)
+    m = CowBlockManager(num_blocks=4096, block_size=BS16)
     for r, prompt in enumerate(prompts):
         beam = BeamSearch(m, r, prompt, width)
         for _ in range(outlens[r]):
@@ -181,7 +185,7 @@ console.print("Beam search saves far more: surviving beams share most of their *
 # group cleanly (lesson 06).
 
 # %%
-small = KVCacheManager(num_blocks=3, block_size=4)
+small = CowBlockManager(num_blocks=3, block_size=4)
 group, _ = start_parallel_sampling(small, "req", [1, 2], n=3)
 console.print(f"3 samples sharing 1 block; one step needs "
               f"{small.blocks_needed_to_append(group.seq_ids)} new blocks (two copies; the "

@@ -7,12 +7,13 @@
 # its parent block's hash and its own token ids, and a table maps hash -> physical block. A new
 # prompt walks its chain and reuses the longest run of cached blocks; the model computes K/V only
 # for the rest. At least the last prompt token is always recomputed (its logits choose the first
-# new token). Freed blocks keep their K/V and hash in a least-recently-used queue and are evicted
-# only when a block is actually needed. A hit is verified, not just looked up: the block's token
-# ids must match, and so must its parent (the exact block, by allocation serial, that the previous
-# hit verified), so even a colliding hash can never serve another prefix's K/V.
+# new token). Freed blocks keep their K/V and hash in one free queue in eviction order (least
+# recently used first) and are evicted only when a block is actually needed. A hit is looked up
+# by hash; vLLM stops there and relies on a strong hash (sha256 by default), while minipaged, like
+# nano-vllm, also compares the block's token ids: a weak or colliding `hash_fn` then costs a hit
+# instead of serving K/V computed for other tokens.
 #
-# Code: `minipaged/prefix_cache.py`, `minipaged/kv_cache.py` (allocate with
+# Code: `minipaged/sharing/prefix_cache.py` (`PrefixCachingBlockManager`, allocate with
 # `enable_prefix_caching=True`). Next: lesson 06 (scheduling and preemption).
 
 # %%
@@ -22,8 +23,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged import KVCacheManager, reshape_and_cache
+from minipaged import reshape_and_cache
 from minipaged.paged.paged_attention import paged_attention
+from minipaged.sharing.prefix_cache import PrefixCachingBlockManager
 from minipaged.sharing.sampling import append_group, free_group, start_parallel_sampling
 
 console = Console()
@@ -42,7 +44,7 @@ def question() -> list[int]:
 # everything; every later one finds the system prompt's 6 full blocks in the cache.
 
 # %%
-mgr = KVCacheManager(num_blocks=512, block_size=BS, enable_prefix_caching=True)
+mgr = PrefixCachingBlockManager(num_blocks=512, block_size=BS, enable_prefix_caching=True)
 prompt_tokens = computed_tokens = 0
 rows = []
 for r in range(40):
@@ -86,7 +88,7 @@ def kv_of(tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(warm: bool) -> np.ndarray:
-    m = KVCacheManager(num_blocks=32, block_size=BS, enable_prefix_caching=True)
+    m = PrefixCachingBlockManager(num_blocks=32, block_size=BS, enable_prefix_caching=True)
     kc = np.full((32, HKV, BS, D), np.nan, np.float32)  # [NB, Hkv, BS, D]
     vc = np.full_like(kc, np.nan)
     requests = [SYSTEM + [7, 7, 7], SYSTEM + [1, 2, 3, 4]] if warm else [SYSTEM + [1, 2, 3, 4]]
@@ -119,7 +121,7 @@ t = Table(title="300 requests, 3 system prompts, requests one at a time", title_
 for col in ("pool (blocks)", "hit rate (prompt tokens)", "evictions"):
     t.add_column(col, justify="right")
 for nb in (10, 16, 24, 48):
-    m = KVCacheManager(num_blocks=nb, block_size=BS, enable_prefix_caching=True)
+    m = PrefixCachingBlockManager(num_blocks=nb, block_size=BS, enable_prefix_caching=True)
     hit = total = 0
     for r, s in enumerate(order):
         prompt = systems[s] + question()
@@ -134,24 +136,26 @@ console.print("With 10 blocks one system prompt (6 full blocks) barely fits next
 
 # %% [markdown]
 # ## v0 (copy-on-write) versus v1 (prefix cache) on the same workload
-# Parallel sampling, n = 4, for 8 concurrent requests, in both modes. v0 forks: all four
-# samples share every prompt block including the partial last one, until each writes into it.
-# v1 has no fork: the samples are four requests; they share the prompt's full blocks through
-# the cache, but each gets (and recomputes) its own partial last block. v1 also shares the
-# system prompt *between* requests, which fork cannot do. We count blocks in use at every step.
+# Parallel sampling, n = 4, for 8 concurrent requests. v0 forks: all four samples share every
+# prompt block including the partial last one, until each writes into it. v1 has no fork: the
+# samples are four requests (vLLM v1's engine fans them out); they share the prompt's full
+# blocks through the cache, but each gets (and recomputes) its own partial last block. v1 also
+# shares the system prompt *between* requests, which fork alone cannot do. minipaged, like vLLM
+# v0's prefix-caching block manager, can do both at once: fork with the cache on. We count
+# blocks in use at every step.
 
 # %%
 
 
-def workload(shared_system: bool, prefix: bool) -> tuple[int, float, int, int]:
+def workload(shared_system: bool, prefix: bool, by_fork: bool) -> tuple[int, float, int, int]:
     g = np.random.default_rng(5)
-    m = KVCacheManager(num_blocks=2048, block_size=BS, enable_prefix_caching=prefix)
+    m = PrefixCachingBlockManager(num_blocks=2048, block_size=BS, enable_prefix_caching=prefix)
     groups, lens = [], {}
     recomputed = 0
     for r in range(8):
         head = SYSTEM if shared_system else g.integers(0, 32000, 100).tolist()
         prompt = head + g.integers(0, 32000, int(g.integers(5, 40))).tolist()
-        group, computed = start_parallel_sampling(m, r, prompt, n=4)
+        group, computed = start_parallel_sampling(m, r, prompt, n=4, by_fork=by_fork)
         recomputed += sum(len(prompt) - c for c in computed.values())
         groups.append(group)
         lens[r] = int(g.integers(20, 80))
@@ -168,17 +172,26 @@ def workload(shared_system: bool, prefix: bool) -> tuple[int, float, int, int]:
     return after_prefill, float(np.mean(used)), max(used), recomputed
 
 
+MODES = {"v0 CoW": (False, True), "v1 cache": (True, False), "fork + cache": (True, True)}
 t = Table(title="parallel sampling n=4, 8 requests: blocks in use", title_justify="left")
 for col in ("prompts", "mode", "after prefill", "mean", "peak", "prompt tokens computed"):
     t.add_column(col, justify="right")
+results = {}
 for shared in (False, True):
-    for prefix in (False, True):
-        first, mean, peak, recomputed = workload(shared, prefix)
-        t.add_row("shared system" if shared else "distinct",
-                  "v1 cache" if prefix else "v0 CoW",
+    for mode, (prefix, by_fork) in MODES.items():
+        results[shared, mode] = first, mean, peak, recomputed = workload(shared, prefix, by_fork)
+        t.add_row("shared system" if shared else "distinct", mode,
                   str(first), f"{mean:.1f}", str(peak), str(recomputed))
 console.print(t)
+# The claims below are checked on the figures just computed.
+assert results[False, "v0 CoW"] == results[False, "fork + cache"]
+assert results[False, "v0 CoW"][0] < results[False, "v1 cache"][0]
+assert results[True, "fork + cache"][0] < results[True, "v1 cache"][0] < results[True, "v0 CoW"][0]
+best = results[True, "fork + cache"]
+assert all(best[i] <= results[True, m][i] for m in MODES for i in (1, 2, 3))
 console.print("Distinct prompts: right after prefill v0 holds fewer blocks (one partial prompt "
               "block per request, not one per sample) and computes each prompt once; from the "
-              "first decode step on, every sample owns its last block in both modes. A shared "
-              "system prompt: v1 wins, because its cache shares the prompt across requests.")
+              "first decode step on, every sample owns its last block in both modes, and the "
+              "cache adds nothing to forking. A shared system prompt: the cache wins, because "
+              "it shares the prompt across requests; fork + cache holds the fewest blocks and "
+              "computes the fewest tokens, sharing within the request and across requests.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 from minipaged.sim import experiments
 from minipaged.sim.memory import block_table_bytes, kv_calc, preset
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from minipaged.kit.quiz import factcheck
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 console = Console()
 

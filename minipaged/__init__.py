@@ -39,9 +39,9 @@ from minipaged.contiguous.buddy import BuddyAllocator
 from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.contiguous.usage import KVUsage
 from minipaged.paged.block_allocator import BlockAllocator, OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache, swap_blocks
 from minipaged.paged.paged_attention import paged_attention, paged_prefill_attention
+from minipaged.serving.swap import KVCacheManager
 
 __version__ = "0.2.0"
 

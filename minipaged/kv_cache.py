@@ -1,3 +1,4 @@
-"""Moved to ``minipaged.paged.block_manager`` (0.2); re-exported for one release."""
+"""Moved to ``minipaged.serving.swap`` (0.2; the stages are in ``paged/``, ``sharing/``)."""
 
-from minipaged.paged.block_manager import *  # noqa: F401,F403
+from minipaged._checks import OutOfBlocksError, check_token_ids  # noqa: F401
+from minipaged.serving.swap import KVCacheManager  # noqa: F401

@@ -7,6 +7,7 @@ equals the number of references the test holds; releasing every reference refill
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -85,6 +86,52 @@ def test_bad_block_ids_and_double_free():
     a.check_invariants()
 
 
+def state(a: BlockAllocator) -> tuple:
+    return [a.ref_count(b) for b in range(a.num_blocks)], a.free_queue()
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    ([-1], ValueError, r"blocks\[0\]=-1 is out of range"),
+    ([1, 7], ValueError, r"blocks\[1\]=7 is out of range: expected in \[0, 4\)"),
+    ([2, "3"], TypeError, r"blocks\[1\]='3' must be an integer"),
+    ([1, True], TypeError, r"blocks\[1\]=True must be an integer, not a bool"),
+    ([0, 0], ValueError, "block=0 is freed 2 time.* reference count 1 .double free"),
+    ([3, 2, 3, 3], ValueError, "block=3 is freed 3 time"),
+])
+def test_free_many_checks_every_id_before_changing_anything(bad, exc, words):
+    a = BlockAllocator(4)
+    a.allocate_many(4)
+    a.incref(3)  # block 3 has two users, the others one
+    before = state(a)
+    with pytest.raises(exc, match=words):
+        a.free_many(bad)
+    assert state(a) == before
+    a.check_invariants()
+
+
+def test_numpy_integers_are_block_ids_and_bools_are_not():
+    a = BlockAllocator(np.int64(3))
+    b = a.allocate()
+    a.incref(np.int32(b))
+    assert a.ref_count(np.uint8(b)) == 2
+    a.free_many(np.array([b, b]))
+    assert a.num_free_blocks == 3
+    assert a.allocate_many(np.int16(2)) == [0, 1]
+    with pytest.raises(TypeError, match="bool"):
+        a.free(True)
+    with pytest.raises(TypeError, match="bool"):
+        a.allocate_many(np.bool_(True))
+
+
+def test_the_free_list_is_a_stack():
+    a = BlockAllocator(4)
+    assert a.free_queue() == [0, 1, 2, 3]
+    a.allocate_many(3)
+    a.free_many([2, 0])
+    assert a.free_queue() == [0, 2, 3]  # the last one freed is handed out next
+    assert a.allocate() == 0
+
+
 class AllocatorMachine(RuleBasedStateMachine):
     @initialize(n=st.integers(1, 12))
     def setup(self, n):
@@ -112,6 +159,24 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 100))
     def free(self, i):
         self.a.free(self.held.pop(i % len(self.held)))
+
+    @precondition(lambda self: hasattr(self, "a"))
+    @rule(blocks=st.lists(st.integers(-2, 13), max_size=5))
+    def free_many(self, blocks):
+        """Valid calls free all; any invalid id or a double free (repeats counted) raises and
+        frees nothing."""
+        before = state(self.a)
+        held = list(self.held)
+        try:
+            for b in blocks:
+                held.remove(b)
+        except ValueError:
+            with pytest.raises(ValueError):
+                self.a.free_many(blocks)
+            assert state(self.a) == before
+            return
+        self.a.free_many(blocks)
+        self.held = held
 
     @invariant()
     def counts_match(self):

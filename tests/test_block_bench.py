@@ -9,7 +9,7 @@ import sys
 
 from minipaged.kit.bench.allocator import PlainBlockManager, make_trace, replay
 from minipaged.kit.cli import main
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 
 def test_cli_quick_runs_and_prints_both_modes(capsys):

@@ -125,3 +125,33 @@ def test_swap_blocks_between_pools():
         swap_blocks(gk, gv, *caches(nb=3, bs=8), [(0, 0)])
     with pytest.raises(TypeError, match="dtype"):
         swap_blocks(gk, gv, ck.astype(np.float64), cv.astype(np.float64), [(0, 0)])
+
+
+@pytest.mark.parametrize("which", ["key_cache", "value_cache"])
+def test_a_read_only_cache_is_refused_before_anything_is_written(which):
+    kc, vc = caches()
+    before = (kc.copy(), vc.copy())
+    (kc if which == "key_cache" else vc).flags.writeable = False
+    kv = np.ones((1, 2, 3), np.float32)  # [T, Hkv, D]
+    with pytest.raises(ValueError, match=f"{which} is read-only"):
+        reshape_and_cache(kv, kv, kc, vc, np.array([5]))
+    with pytest.raises(ValueError, match=f"{which} is read-only"):
+        copy_blocks(kc, vc, [(0, 1)])
+    with pytest.raises(ValueError, match=f"dst_{which} is read-only"):
+        swap_blocks(*caches(seed=1), kc, vc, [(0, 1)])
+    assert np.array_equal(kc, before[0]) and np.array_equal(vc, before[1])
+
+
+def test_key_and_value_caches_must_not_share_memory():
+    kc, _ = caches()
+    before = kc.copy()
+    kv = np.ones((1, 2, 3), np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        reshape_and_cache(kv, kv, kc, kc, np.array([5]))
+    both = np.zeros((5, 2, 4, 3), np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        copy_blocks(both[:4], both[1:], [(0, 1)])  # overlapping views of one buffer
+    assert np.array_equal(kc, before)
+    halves = np.zeros((2, 4, 2, 4, 3), np.float32)  # one buffer, two disjoint halves: fine
+    reshape_and_cache(kv, kv + 1, halves[0], halves[1], np.array([5]))
+    assert halves[0, 1, :, 1].tolist() == [[1.0] * 3] * 2 and halves[1, 1, 0, 1, 0] == 2.0

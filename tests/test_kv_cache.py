@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 
 def test_tables_grow_one_block_at_a_time():
@@ -94,7 +95,7 @@ def test_bad_inputs():
         m.allocate("a", [1])
     with pytest.raises(ValueError, match="token_ids is empty"):
         m.allocate("b", [])
-    with pytest.raises(TypeError, match="integer token ids"):
+    with pytest.raises(TypeError, match=r"token_ids\[0\]=1.5 must be an integer"):
         m.allocate("b", [1.5, 2.0])
     with pytest.raises(TypeError, match="token_id=1.5"):
         m.append_slot("a", 1.5)
@@ -117,32 +118,71 @@ def test_bad_inputs():
 def test_fast_usage_equals_the_block_by_block_oracle(prefix):
     """``usage`` (O(#sequences)) against ``usage_slow`` (every table entry) after every step
     of a seeded random mix of allocate / append / fork / free / swap, with shared prompts,
-    pending copy-on-write copies (and their deferred sources) and planned final lengths."""
+    pending copy-on-write copies (and their sources held for them) and planned final lengths.
+    The only error expected is a full pool (OutOfBlocksError, which changes nothing:
+    test_kv_cache_stateful.py checks that), and swap_out of a sequence whose copy-on-write copy
+    is still pending, asserted where it happens."""
     rng = np.random.default_rng(7)
     m = KVCacheManager(24, 4, enable_prefix_caching=prefix, num_cpu_blocks=24)
     live: list[int] = []
     for step in range(600):
         op = rng.integers(0, 6)
+        on_gpu = [s for s in live if not m.is_swapped(s)]
+        pick = live[int(rng.integers(len(live)))] if live else None
         try:
             if op == 0 or len(live) < 2:
-                sid = step
-                m.allocate(sid, [1, 2, 3, 4, 5][:1 + step % 5] + [step] * int(rng.integers(0, 6)))
-                live.append(sid)
-            elif op == 1 or op == 2:
-                m.append_slot(live[int(rng.integers(len(live)))], int(rng.integers(9)))
-            elif op == 3 and not prefix:
-                m.fork(live[int(rng.integers(len(live)))], 10_000 + step)
+                m.allocate(step, [1, 2, 3, 4, 5][:1 + step % 5] + [step] * int(rng.integers(6)))
+                live.append(step)
+            elif op in (1, 2) and on_gpu:
+                m.append_slot(on_gpu[int(rng.integers(len(on_gpu)))], int(rng.integers(9)))
+            elif op == 3 and on_gpu:
+                m.fork(on_gpu[int(rng.integers(len(on_gpu)))], 10_000 + step)
                 live.append(10_000 + step)
             elif op == 4:
-                m.free(live.pop(int(rng.integers(len(live)))))
+                m.free(pick)
+                live.remove(pick)
+            elif m.is_swapped(pick):
+                m.swap_in([pick])
             else:
-                sid = live[int(rng.integers(len(live)))]
                 if rng.random() < 0.3:  # else copies stay pending: swap_out may refuse
                     m.take_copies()
-                m.swap_out([sid]) if not m.is_swapped(sid) else m.swap_in([sid])
-        except (OutOfBlocksError, ValueError):
-            pass  # a full pool, or a swapped sequence asked to append: state unchanged
+                if set(m.block_table(pick)) & {dst for _, dst in m.pending_copies}:
+                    with pytest.raises(ValueError, match="take_copies"):
+                        m.swap_out([pick])
+                else:
+                    m.swap_out([pick])
+        except OutOfBlocksError:
+            pass  # a full GPU or CPU pool
         on_gpu = [s for s in live if not m.is_swapped(s)]
         finals = {s: m.seq_len(s) + (s * 5) % 11 for s in on_gpu}
         assert m.usage() == m.usage_slow() and m.usage(finals) == m.usage_slow(finals)
     m.check_invariants()
+
+
+def test_numpy_integers_are_accepted_and_bools_refused():
+    m = KVCacheManager(np.int64(8), np.int32(2), num_cpu_blocks=np.int16(2))
+    m.allocate("a", np.array([1, 2, 3]))
+    assert m.append_slot("a", np.int16(4)) == 3
+    assert m.slot_mapping("a", np.int64(1), np.uint8(4)).tolist() == [1, 2, 3]
+    assert m.block_tables(["a"], pad=np.int8(-7)).tolist() == [[0, 1]]
+    assert m.can_allocate(np.int64(12)) and m.token_ids("a") == [1, 2, 3, 4]
+    before = snapshot(m)
+    bad_calls = [lambda: m.append_slot("a", True), lambda: m.allocate("b", [1, False]),
+                 lambda: m.slot_mapping("a", 0, np.bool_(True)), lambda: m.can_allocate(True),
+                 lambda: KVCacheManager(True, 2), lambda: KVCacheManager(4, 2, num_cpu_blocks=True)]
+    for call in bad_calls:
+        with pytest.raises(TypeError, match="bool"):
+            call()
+    assert snapshot(m) == before
+
+
+def test_unhashable_seq_ids_are_refused_by_name():
+    m = KVCacheManager(8, 2, enable_prefix_caching=True, num_cpu_blocks=4)
+    m.allocate("a", [1, 2, 3])
+    before = snapshot(m)
+    for call in (lambda: m.allocate(["b"], [1]), lambda: m.append_slot(["b"], 1),
+                 lambda: m.free(["b"]), lambda: m.block_table(["b"]), lambda: m.fork("a", ["b"]),
+                 lambda: m.swap_out([["b"]]), lambda: m.is_swapped(["b"])):
+        with pytest.raises(TypeError, match=r"seq_ids?(\[0\])?=\['b'\] must be hashable"):
+            call()
+    assert snapshot(m) == before

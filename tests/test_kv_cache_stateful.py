@@ -1,4 +1,4 @@
-"""Stateful test of KVCacheManager (allocate / append_slot / free) with real K/V written.
+"""Stateful test of the paged block manager (allocate / append_slot / free), real K/V written.
 
 A Hypothesis RuleBasedStateMachine drives a manager and a NumPy paged cache side by side with a
 plain dense model: for each live sequence, the list of K/V rows written for it, in order.
@@ -11,10 +11,14 @@ Invariants checked after every step (in prose, then in code below):
     I4  each block table has exactly ceil(len / block_size) entries;
     I5  every live sequence's K/V, read back through its block table, equals exactly what was
         written for it: so no operation on one sequence ever changed another's K/V;
-    I6  OutOfBlocksError leaves the manager exactly as it was, and says needed > free;
+    I6  OutOfBlocksError leaves the manager exactly as it was, and says needed > free; so does
+        every call with a bad argument (unhashable or unknown seq_id, a negative, float or bool
+        token id), which raises a clear error;
     I7  freeing every sequence returns the pool to full;
     I8  the O(#sequences) ``usage`` equals its block-by-block oracle ``usage_slow``, with and
-        without planned final lengths.
+        without planned final lengths;
+    I9  paged attention over the cache equals dense attention over each sequence's own K/V,
+        bit for bit.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from hypothesis.stateful import (
     rule,
 )
 
+from minipaged.attention import dense_attention
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.paged.block_manager import BlockManager
 from minipaged.paged.cache_ops import reshape_and_cache
+from minipaged.paged.paged_attention import paged_attention
+from minipaged.serving.swap import KVCacheManager
 
 
 def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, table: list[int],
@@ -44,19 +51,30 @@ def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, table: list[int],
     return k, v
 
 
-def snapshot(mgr: KVCacheManager) -> tuple:
-    """Everything observable about a manager, to check that a failed call changed nothing."""
+def snapshot(mgr) -> tuple:
+    """Everything observable about a manager of any stage (tables, tokens, counts, the free
+    order, pending copies, the prefix cache, the CPU pool), to check that a failed call
+    changed nothing."""
     seqs = sorted(mgr.seq_ids, key=repr)
+    swapped = set(getattr(mgr, "swapped_seq_ids", ()))
+    alloc, cpu = mgr.allocator, getattr(mgr, "cpu_allocator", None)
     return (
         {s: mgr.token_ids(s) for s in seqs},
-        {s: mgr.block_table(s) for s in seqs if not mgr.is_swapped(s)},
-        {s: mgr.cpu_block_table(s) for s in seqs if mgr.is_swapped(s)},
-        mgr.num_free_blocks,
+        {s: mgr.block_table(s) for s in seqs if s not in swapped},
+        {s: mgr.cpu_block_table(s) for s in swapped},
         [mgr.ref_count(b) for b in range(mgr.num_blocks)],
+        alloc.free_queue(),
+        getattr(mgr, "pending_copies", None),
+        (alloc.cached_blocks(), alloc.hits, alloc.queries, alloc.evictions)
+        if hasattr(alloc, "cached_blocks") else None,
+        None if cpu is None else (cpu.free_queue(), [cpu.ref_count(c)
+                                                     for c in range(cpu.num_blocks)]),
     )
 
 
 class PagedCacheMachine(RuleBasedStateMachine):
+    manager_class: type = BlockManager  # the lesson-03 manager; below, the complete one too
+
     def __init__(self) -> None:
         super().__init__()
         self.writes = 0
@@ -64,7 +82,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 16), block_size=st.sampled_from([1, 2, 3, 4, 8]),
                 hkv=st.integers(1, 2), d=st.sampled_from([1, 4]))
     def setup(self, num_blocks: int, block_size: int, hkv: int, d: int) -> None:
-        self.mgr = KVCacheManager(num_blocks, block_size)
+        self.mgr = self.manager_class(num_blocks, block_size)
         shape = (num_blocks, hkv, block_size, d)  # [NB, Hkv, BS, D]
         # NaN in every slot never written: reading one would poison the comparison.
         self.kc = np.full(shape, np.nan, dtype=np.float32)
@@ -120,6 +138,37 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.mgr.free(sid)
         del self.model[sid]
 
+    @rule(data=st.data(), bad=st.sampled_from([-1, 2.0, True, "7", None]))
+    def bad_call(self, data: st.DataObject, bad: object) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.model) or [0]))
+        before = snapshot(self.mgr)
+        calls = [lambda: self.mgr.append_slot(sid, bad), lambda: self.mgr.allocate(10**6, [bad]),
+                 lambda: self.mgr.allocate([sid], [1]), lambda: self.mgr.append_slot(-5, 1),
+                 lambda: self.mgr.free("nobody"), lambda: self.mgr.slot_mapping(sid, 0, bad)]
+        for call in calls:  # I6: each raises a clear error and changes nothing
+            try:
+                call()
+            except (TypeError, ValueError, KeyError) as e:
+                assert str(e)
+            else:
+                raise AssertionError("a bad call was accepted")
+            assert snapshot(self.mgr) == before
+
+    @precondition(lambda self: self.model)
+    @rule()
+    def attention_matches_dense(self) -> None:
+        seqs = sorted(self.model)
+        hkv, d = self.kc.shape[1], self.kc.shape[3]
+        q = np.random.default_rng(len(seqs)).standard_normal((len(seqs), 2 * hkv, d))
+        q = q.astype(np.float32)  # [S, H, D], two query heads per KV head
+        lens = np.array([self.mgr.seq_len(s) for s in seqs], dtype=np.int32)
+        got = paged_attention(q, self.kc, self.vc, self.mgr.block_tables(seqs), lens,
+                              method="gather")
+        for i, s in enumerate(seqs):  # I9
+            want = dense_attention(q[i:i + 1], np.stack(self.model[s][0]),
+                                   np.stack(self.model[s][1]))
+            assert np.array_equal(got[i:i + 1], want)
+
     @invariant()
     def blocks_are_consistent(self) -> None:
         if not hasattr(self, "mgr"):
@@ -156,5 +205,14 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.mgr.check_invariants()
 
 
+class CompleteManagerMachine(PagedCacheMachine):
+    """The same walk through ``KVCacheManager``: without fork or prefix caching every later
+    stage must behave exactly like the plain paged manager."""
+
+    manager_class = KVCacheManager
+
+
 PagedCacheMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30)
+CompleteManagerMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30)
 TestPagedCache = PagedCacheMachine.TestCase
+TestCompleteManager = CompleteManagerMachine.TestCase

@@ -1,12 +1,15 @@
-"""Prefix caching: chained hashes, verified hits, the LRU free queue, eviction on demand."""
+"""Prefix caching: chained hashes, token-checked hits, one free queue in eviction order."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
-from minipaged.sharing.prefix_cache import BROKEN, ROOT_SERIAL, PrefixCachingBlockAllocator
+from minipaged.serving.swap import KVCacheManager
+from minipaged.sharing.prefix_cache import PrefixCachingBlockAllocator
 
 
 def test_second_request_reuses_full_blocks_and_recomputes_the_last_token():
@@ -24,7 +27,15 @@ def test_second_request_reuses_full_blocks_and_recomputes_the_last_token():
 def test_hash_is_chained_so_equal_blocks_after_different_prefixes_do_not_match():
     m = KVCacheManager(16, 2, enable_prefix_caching=True)
     m.allocate("a", [1, 2, 3, 4, 9])
-    assert m.allocate("b", [7, 7, 3, 4, 9]) == 0  # block [3, 4] equal, its prefix is not
+    m.allocate("b", [5, 6, 7, 8, 9])
+    # block [5, 6] hits b's; block [3, 4] equals a's second block, but a's came after [1, 2]
+    assert m.allocate("c", [5, 6, 3, 4, 9]) == 2
+    # The test can fail: a hash of the block's own tokens only (not chained) would hit both.
+    unchained = KVCacheManager(16, 2, enable_prefix_caching=True,
+                               hash_fn=lambda parent, tokens: hash(tokens))
+    unchained.allocate("a", [1, 2, 3, 4, 9])
+    unchained.allocate("b", [5, 6, 7, 8, 9])
+    assert unchained.allocate("c", [5, 6, 3, 4, 9]) == 4
 
 
 def test_freed_blocks_stay_cached_until_memory_is_needed():
@@ -52,11 +63,57 @@ def test_lru_order_evicts_the_least_recently_used_and_the_tail_first():
     m.free("a")  # a's tail block first: it will be evicted before a's head block
     m.free("b")
     alloc = m.allocator
-    assert list(alloc._lru) == [1, 0, 3, 2]
-    m.allocate("z", [7])  # no clean block left: evicts block 1 ([1, 2], least recent)
-    assert alloc.evictions == 1
+    assert alloc.lru_blocks() == alloc.free_queue() == [1, 0, 3, 2]
+    m.allocate("z", [7])  # no block without a hash left: evicts block 1 ([1, 2], least recent)
+    assert alloc.evictions == 1 and alloc.block_hash(1) is not None  # now z's block [7]
     m.free("z")
     assert m.allocate("a2", [1, 2, 3]) == 1  # [1] still cached, [1, 2] gone
+
+
+def test_free_puts_blocks_without_a_hash_at_the_head():
+    """vLLM 0.32 (vllm/v1/core/block_pool.py free_blocks): a freed block that no prompt can hit
+    is reused first; cached ones wait at the tail, least recently used first."""
+    m = KVCacheManager(6, 4, enable_prefix_caching=True)
+    m.allocate("a", range(6))  # block 0 full and cached, block 1 partial
+    m.allocate("b", range(50, 62))  # blocks 2, 3, 4: all full, all cached
+    m.free("a")
+    assert m.allocator.free_queue() == [1, 5, 0]
+    m.free("b")
+    assert m.allocator.free_queue() == [1, 5, 0, 4, 3, 2]
+    assert m.allocator.lru_blocks() == [0, 4, 3, 2]
+    m.allocate("c", range(100, 108))  # two blocks: 1 and 5, nothing evicted
+    assert m.block_table("c") == [1, 5] and m.allocator.evictions == 0
+
+
+def test_a_block_computed_twice_stays_cached_twice():
+    """Duplicates are kept, as in vLLM (block_pool.py cache_full_blocks): the copy still hits
+    after the first one is evicted."""
+    m = KVCacheManager(4, 4, enable_prefix_caching=True)
+    m.allocate("a", range(8))  # blocks 0, 1
+    assert m.allocate("b", range(8)) == 4  # the last token's block is recomputed: block 2
+    alloc = m.allocator
+    assert alloc.block_hash(2) == alloc.block_hash(1) is not None
+    assert alloc.cached_blocks()[alloc.block_hash(1)] == 1  # a lookup returns the earliest
+    m.free("a")
+    m.free("b")
+    m.allocate("x", range(50, 53))  # block 3, never cached
+    m.allocate("y", range(60, 63))  # evicts block 1, the least recently used
+    assert alloc.block_hash(1) is None and alloc.evictions == 1
+    m.free("x")
+    m.free("y")
+    assert m.allocate("c", range(9)) == 8 and m.block_table("c")[:2] == [0, 2]
+    m.check_invariants()
+
+
+def test_a_reply_fed_back_as_the_next_prompt_hits_every_full_block():
+    m = KVCacheManager(32, 2, enable_prefix_caching=True)
+    turn1 = [1, 2, 3, 4]
+    m.allocate("t1", turn1)
+    for t in (5, 6, 7):  # the reply, decoded: block [5, 6] is cached when it fills
+        m.append_slot("t1", t)
+    m.free("t1")
+    turn2 = turn1 + [5, 6, 7] + [8, 9]
+    assert m.allocate("t2", turn2) == 6  # [1, 2], [3, 4], [5, 6]; [7, 8] was never full
 
 
 def test_allocate_counts_hits_in_the_lru_queue_as_not_free():
@@ -104,52 +161,70 @@ def test_tables_are_append_only_and_hits_are_counted():
 def test_allocator_bad_inputs_and_invariants():
     a = PrefixCachingBlockAllocator(3)
     b = a.allocate()
-    assert a.register_block(b, 7, ROOT_SERIAL, (1, 2)) == a.serial(b)
-    assert a.register_block(b, 8, ROOT_SERIAL, (1, 3)) == BROKEN  # a block carries one hash
-    c = a.allocate()
-    assert a.register_block(c, 7, ROOT_SERIAL, (1, 2)) == a.serial(b)  # a duplicate: b stands
-    assert a.register_block(c, 7, ROOT_SERIAL, (5, 5)) == BROKEN  # a collision
-    assert a.register_block(c, 9, BROKEN, (5, 5)) == BROKEN  # a broken chain stays broken
+    a.cache_block(b, 7, (1, 2))
+    with pytest.raises(ValueError, match="not cached yet"):
+        a.cache_block(b, 8, (1, 3))  # a block carries one hash
+    with pytest.raises(ValueError, match="must be in use"):
+        a.cache_block(2, 9, (5, 5))  # a free block holds no K/V of ours
+    assert a.lookup(7, (1, 2)) == b and a.lookup(7, (5, 5)) is None  # tokens are compared
     a.free(b)
-    a.free(c)
     assert a.num_free_blocks == 3 and a.num_cached_free_blocks == 1
     a.check_invariants()
     with pytest.raises(ValueError, match="double free"):
         a.free(b)
 
 
-def test_lazy_lru_queue_matches_a_linked_list_model():
-    """The deque with stale entries (lazy removal from the middle, compaction) evicts in exactly
-    the order of a real linked list (an OrderedDict model), through many hits on free blocks."""
-    import random
-    from collections import OrderedDict
+def test_a_hash_fn_that_fails_changes_nothing():
+    def hash_fn(parent, tokens):  # like sha256(bytes(tokens)): fails on a token >= 256
+        return hash((parent, bytes(tokens)))
 
+    m = KVCacheManager(8, 2, enable_prefix_caching=True, hash_fn=hash_fn)
+    m.allocate("a", [1, 2, 3])
+    before = snapshot(m)
+    with pytest.raises(ValueError, match="bytes must be in range"):
+        m.append_slot("a", 300)  # fills block [3, 300]: hashed before anything changes
+    with pytest.raises(ValueError, match="bytes must be in range"):
+        m.allocate("b", [1, 2, 999, 4])
+    assert snapshot(m) == before and m.token_ids("a") == [1, 2, 3]
+    m.append_slot("a", 4)
+    assert m.allocate("c", [1, 2, 3, 4, 5]) == 4
+    bad = KVCacheManager(8, 2, enable_prefix_caching=True, hash_fn=lambda p, t: [p, t])
+    with pytest.raises(TypeError, match="hash_fn returned .* not hashable"):
+        bad.allocate("a", [1, 2, 3])
+    assert bad.seq_ids == [] and bad.num_free_blocks == 8
+    with pytest.raises(TypeError, match="hash_fn=42 must be callable"):
+        KVCacheManager(8, 2, enable_prefix_caching=True, hash_fn=42)
+
+
+def test_free_queue_matches_a_plain_list_model():
+    """The OrderedDict queue against the rules written out on a plain list (O(NB) each):
+    allocate pops the head (evicting a cached block), free appends a cached block at the tail
+    and puts the others at the head, a hit takes a free block out of the middle."""
     rnd = random.Random(5)
-    a = PrefixCachingBlockAllocator(200)
-    model: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recent first
+    a = PrefixCachingBlockAllocator(50)
+    model = list(range(50))  # the free queue, head first
+    cached: set[int] = set()
     used: list[int] = []
-    compactions = 0
-    for step in range(4000):
+    for step in range(3000):
         op = rnd.random()
-        if op < 0.35 and a.num_free_blocks:
+        if op < 0.35 and model:
             b = a.allocate()
-            if b in model:  # evicted: must be the least recently used one
-                assert b == next(iter(model)) and len(a._free) == 0
-                del model[b]
-            a.register_block(b, step, ROOT_SERIAL, (step,))
+            assert b == model.pop(0)
+            cached.discard(b)
+            if rnd.random() < 0.7:
+                a.cache_block(b, step, (step,))
+                cached.add(b)
             used.append(b)
         elif op < 0.7 and used:
-            b = used.pop(rnd.randrange(len(used)))
-            a.free(b)
-            model[b] = None
-        elif model:
-            b = rnd.choice(list(model))  # a prefix-cache hit on a free block: out of the middle
-            stale_before = a._num_stale
-            a.touch(b)
-            compactions += a._num_stale < stale_before
-            del model[b]
+            freed = [used.pop(rnd.randrange(len(used))) for _ in range(min(3, len(used)))]
+            a.free_many(freed)
+            model = [b for b in freed if b not in cached] + model
+            model += [b for b in freed if b in cached]
+        elif cached & set(model):
+            b = rnd.choice(sorted(cached & set(model)))  # a prefix-cache hit on a free block
+            a.touch([b])
+            model.remove(b)
             used.append(b)
-        assert a.lru_blocks() == list(model)
-        assert a.num_cached_free_blocks == len(model)
+        assert a.free_queue() == model
+        assert a.lru_blocks() == [b for b in model if b in cached]
     a.check_invariants()
-    assert compactions > 0  # the stale entries were dropped at least once

@@ -1,13 +1,14 @@
-"""fork + copy-on-write, parallel sampling, beam search (kv_cache.py, sharing.py)."""
+"""fork + copy-on-write (sharing/cow.py), parallel sampling and beam search (sampling.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.serving.swap import KVCacheManager
 from minipaged.sharing.sampling import (
     BeamSearch,
     Candidate,
@@ -35,10 +36,11 @@ def test_copy_on_write_only_for_the_shared_last_block():
     m.fork("p", "c")
     slot_c = m.append_slot("c", 9)  # c writes into shared block 1: copy-on-write
     assert m.block_table("c") == [0, 2] and slot_c == 2 * 4 + 2
-    assert m.ref_count(1) == 1 and m.ref_count(2) == 1
-    slot_p = m.append_slot("p", 8)  # p is now the sole owner of block 1: in place
+    assert m.ref_count(1) == 2 and m.ref_count(2) == 1  # p's table + the pending copy's read
+    slot_p = m.append_slot("p", 8)  # p is now the only table holding block 1: in place
     assert m.block_table("p") == [0, 1] and slot_p == 1 * 4 + 2
     assert m.take_copies() == [(1, 2)]
+    assert m.ref_count(1) == 1  # the copy is handed over: it no longer holds its source
     assert m.take_copies() == []  # taken means cleared
     m.check_invariants()
 
@@ -112,14 +114,45 @@ def test_blocks_needed_to_append_counts_copies():
 def test_fork_bad_inputs():
     m = KVCacheManager(4, 4)
     m.allocate("p", [1])
+    before = snapshot(m)
     with pytest.raises(KeyError, match="seq_id='nobody' is not allocated"):
         m.fork("nobody", "c")
-    with pytest.raises(ValueError, match="child_seq_id='p' already exists"):
+    with pytest.raises(ValueError, match="child_seq_id='p' is already allocated"):
         m.fork("p", "p")
-    v1 = KVCacheManager(4, 4, enable_prefix_caching=True)
-    v1.allocate("p", [1])
-    with pytest.raises(ValueError, match="enable_prefix_caching=True"):
-        v1.fork("p", "c")
+    with pytest.raises(TypeError, match=r"child_seq_id=\['c'\] must be hashable"):
+        m.fork("p", ["c"])
+    assert snapshot(m) == before
+
+
+def test_fork_and_copy_on_write_with_prefix_caching():
+    """Full blocks shared by hash and reference count, the partial last block by reference
+    count with copy-on-write; the copy is cached once it becomes full (vLLM v0 allowed both)."""
+    m = KVCacheManager(16, 4, enable_prefix_caching=True)
+    m.allocate("p", range(6))  # block 0 full (cached), block 1 holds 2 of 4 tokens
+    m.fork("p", "c")
+    assert m.block_table("c") == m.block_table("p") == [0, 1] and m.ref_count(0) == 2
+    m.append_slot("c", 6)  # copy-on-write of block 1
+    assert m.take_copies() == [(1, 2)] and m.block_table("c") == [0, 2]
+    m.append_slot("c", 7)  # block 2 is now full: cached under the chain hash of range(8)
+    alloc = m.allocator
+    assert alloc.block_hash(2) is not None and alloc.block_hash(1) is None
+    assert m.allocate("q", range(9)) == 8  # a new prompt hits the forked child's copied block
+    assert m.block_table("q")[:2] == [0, 2]
+    for s in ("p", "c", "q"):
+        m.free(s)
+    assert m.num_free_blocks == 16
+    m.check_invariants()
+
+
+def test_a_pending_copy_holds_its_source_and_a_dropped_copy_releases_it():
+    m = KVCacheManager(4, 4)
+    m.allocate("p", range(2))
+    m.fork("p", "c")
+    m.append_slot("c", 5)  # copy 0 -> 1 pending
+    assert m.ref_count(0) == 2  # p's table + the pending copy
+    m.free("c")  # the destination's only user leaves: nobody will read the copy
+    assert m.take_copies() == [] and m.ref_count(0) == 1 and m.ref_count(1) == 0
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("prefix", [False, True])
@@ -149,6 +182,32 @@ def test_parallel_sampling_is_all_or_nothing():
     assert m.seq_ids == [] and m.num_free_blocks == 4
     with pytest.raises(ValueError, match="n=0"):
         start_parallel_sampling(m, "r", [1], n=0)
+    with pytest.raises(TypeError, match="n=True"):
+        start_parallel_sampling(m, "r", [1], n=True)
+
+
+def test_parallel_sampling_that_fails_evicts_no_cached_prefix():
+    m = KVCacheManager(5, 4, enable_prefix_caching=True)
+    m.allocate("old", range(100, 108))  # two full blocks, cached
+    m.free("old")  # ... and free: they wait in the free queue, still hits
+    before = snapshot(m)
+    with pytest.raises(OutOfBlocksError) as e:  # 3 blocks + 1 per further sample > 5 free
+        start_parallel_sampling(m, "r", range(10), n=4)
+    assert (e.value.needed, e.value.free) == (6, 5)
+    assert snapshot(m) == before and m.allocator.evictions == 0
+    assert m.allocate("again", range(100, 109)) == 8
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_parallel_sampling_by_fork_in_both_modes(prefix):
+    m = KVCacheManager(32, 4, enable_prefix_caching=prefix)
+    group, computed = start_parallel_sampling(m, "r", range(10), n=3, by_fork=True)
+    assert list(computed.values()) == [0, 10, 10] and blocks_with_sharing(m, group.seq_ids) == 3
+    append_group(m, group, {s: 1 for s in group.seq_ids})
+    assert len(m.take_copies()) == 2  # the last writer of the shared block keeps it
+    m.check_invariants()
+    free_group(m, group)
+    assert m.num_free_blocks == 32
 
 
 def test_append_group_checks_room_first():
@@ -160,10 +219,15 @@ def test_append_group_checks_room_first():
     assert [m.seq_len(s) for s in group.seq_ids] == [1, 1, 1]
     with pytest.raises(ValueError, match="one token for each"):
         append_group(m, group, {})
+    before = snapshot(m)
+    with pytest.raises(ValueError, match=r"tokens\[\('r', 2\)\]=-1"):
+        append_group(m, group, {("r", 0): 1, ("r", 1): 2, ("r", 2): -1})
+    assert snapshot(m) == before
 
 
-def test_beam_search_forks_survivors_and_frees_dropped_beams():
-    m = KVCacheManager(32, 2)
+@pytest.mark.parametrize("prefix", [False, True])
+def test_beam_search_forks_survivors_and_frees_dropped_beams(prefix):
+    m = KVCacheManager(32, 2, enable_prefix_caching=prefix)
     bs = BeamSearch(m, "r", [5, 6, 7], width=2)
     (root,) = bs.beams
     bs.step([Candidate(root, 1, -0.1), Candidate(root, 2, -0.2), Candidate(root, 3, -5.0)])
@@ -173,6 +237,7 @@ def test_beam_search_forks_survivors_and_frees_dropped_beams():
     # both survivors come from beam a: b is dropped, a is forked
     bs.step([Candidate(a, 4, -0.3), Candidate(a, 5, -0.4), Candidate(b, 6, -9.0)])
     assert b not in bs.beams and len(bs.beams) == 2
+    assert bs.beams[0] == a  # the forked child is listed right after its parent
     m.take_copies()
     m.check_invariants()
     out = bs.finish()
@@ -182,11 +247,25 @@ def test_beam_search_forks_survivors_and_frees_dropped_beams():
         BeamSearch(m, "x", [1], width=0)
 
 
-def test_beam_search_rejects_unknown_parents():
+@pytest.mark.parametrize("bad, exc, words", [
+    (Candidate(("r", 99), 1, 0.0), ValueError, "not a live beam"),
+    (Candidate(("r", 0), -3, 0.0), ValueError, r"candidates\[1\].token=-3"),
+    (Candidate(("r", 0), 1.5, 0.0), TypeError, r"candidates\[1\].token=1.5"),
+    (Candidate(("r", 0), 1, float("nan")), ValueError, r"candidates\[1\].score=nan"),
+    (Candidate(("r", 0), 1, "high"), TypeError, r"candidates\[1\].score='high'"),
+    ((("r", 0), 1, 0.0), TypeError, "must be a Candidate"),
+])
+def test_beam_search_step_checks_every_candidate_before_changing_anything(bad, exc, words):
     m = KVCacheManager(8, 2)
-    bs = BeamSearch(m, "r", [1], width=2)
-    with pytest.raises(ValueError, match="not a live beam"):
-        bs.step([Candidate(("r", 99), 1, 0.0)])
+    beam = BeamSearch(m, "r", [1, 2, 3], width=2)
+    beam.step([Candidate(("r", 0), 4, -1.0), Candidate(("r", 0), 5, -2.0)])
+    m.take_copies()
+    before, beams, scores = snapshot(m), beam.beams, dict(beam.scores)
+    with pytest.raises(exc, match=words):  # a good candidate first, then the bad one
+        beam.step([Candidate(("r", 0), 6, -0.5), bad, Candidate(("r", 1), 7, -0.7)])
+    assert snapshot(m) == before and beam.beams == beams and beam.scores == scores
+    with pytest.raises(ValueError, match="candidates is empty"):
+        beam.step([])
 
 
 def test_usage_counts_shared_blocks_once():

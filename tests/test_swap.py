@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
 from minipaged.paged.cache_ops import reshape_and_cache
 from minipaged.paged.paged_attention import paged_attention
-from minipaged.serving.swap import CPUBlockPool
+from minipaged.serving.swap import CPUBlockPool, KVCacheManager
 
 
 def filled(m, nb, bs, seqs, seed=0):

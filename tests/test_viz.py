@@ -48,7 +48,7 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "append", "fork", "free"]),
 @given(ops)
 def test_memory_map_cells_name_owner_and_ref_count(ops):
     from minipaged.paged.block_allocator import OutOfBlocksError
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(16, 4)
     for op, s, n in ops:
@@ -81,7 +81,7 @@ def test_memory_map_cells_name_owner_and_ref_count(ops):
 
 
 def test_memory_map_shows_cached_blocks_of_the_prefix_cache():
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(8, 2, enable_prefix_caching=True)
     m.allocate("a", [1, 2, 3, 4, 5])
@@ -95,7 +95,7 @@ def test_memory_map_shows_cached_blocks_of_the_prefix_cache():
 
 
 def test_block_tables_show_physical_ids_and_fill():
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     m = KVCacheManager(8, 4)
     m.allocate(0, list(range(6)))

@@ -50,9 +50,9 @@ from minipaged.model.sampling import (
     sample_token,
 )
 from minipaged.model.tokenizer import CharTokenizer, prompt_ids
-from minipaged.paged.block_manager import KVCacheManager
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
+from minipaged.serving.swap import KVCacheManager
 
 PREEMPTION_MODES = ("recompute", "swap")
 LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise

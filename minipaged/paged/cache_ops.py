@@ -1,7 +1,7 @@
 """Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
 
-What this teaches: the data side of the paged KV cache (``kv_cache.py`` is the bookkeeping side).
-The cache is two arrays, one for K and one for V, each
+What this teaches: the data side of the paged KV cache (``block_manager.py`` is the bookkeeping
+side). The cache is two arrays, one for K and one for V, each
 
     key_cache, value_cache: [NB, Hkv, BS, D]   C-contiguous, same dtype
 
@@ -18,7 +18,7 @@ lesson.)
     copy_blocks        one call for many copy-on-write (src, dst) block pairs (vLLM section 4.4)
     swap_blocks        block copies between two pools, e.g. GPU <-> CPU (section 4.5)
 
-Read before: ``kv_cache.py``. Read next: ``paged_attention.py``.
+Read before: ``paged/block_manager.py``. Read next: ``paged/paged_attention.py``.
 """
 
 from __future__ import annotations
@@ -27,26 +27,34 @@ import numpy as np
 
 
 def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
-                 names: tuple[str, str] = ("key_cache", "value_cache")) -> None:
-    """Both caches [NB, Hkv, BS, D], same shape and dtype, NumPy arrays."""
+                 names: tuple[str, str] = ("key_cache", "value_cache"),
+                 *, writable: bool = False) -> None:
+    """Both caches [NB, Hkv, BS, D], same shape and dtype, NumPy arrays. ``writable``: the
+    caller is about to write them, so both must be writable and must not share memory (with
+    ``key_cache is value_cache`` every value would overwrite its key)."""
     for name, c in zip(names, (key_cache, value_cache)):
         if not isinstance(c, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(c).__name__}")
         if c.ndim != 4:
             raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape {c.shape}")
+        if writable and not c.flags.writeable:
+            raise ValueError(f"{name} is read-only: the cache must be writable")
     if key_cache.shape != value_cache.shape:
         raise ValueError(f"{names[0]}.shape={key_cache.shape} != "
                          f"{names[1]}.shape={value_cache.shape}; expected both [NB, Hkv, BS, D]")
     if key_cache.dtype != value_cache.dtype:
         raise TypeError(f"{names[0]}.dtype={key_cache.dtype} != "
                         f"{names[1]}.dtype={value_cache.dtype}")
+    if writable and np.shares_memory(key_cache, value_cache):
+        raise ValueError(f"{names[0]} and {names[1]} share memory: K and V need separate caches")
 
 
 def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                       value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Write token t's key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in
-    place. Slots < 0 are padding and skipped (a batch padded to a fixed T does that)."""
-    check_caches(key_cache, value_cache)
+    place. Slots < 0 are padding and skipped (a batch padded to a fixed T does that). Every
+    argument is checked before the first write."""
+    check_caches(key_cache, value_cache, writable=True)
     nb, hkv, bs, d = key_cache.shape
     for name, x in (("key", key), ("value", value)):
         if not isinstance(x, np.ndarray) or x.ndim != 3:
@@ -125,7 +133,7 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
 def copy_blocks(key_cache: np.ndarray, value_cache: np.ndarray, block_mapping: object) -> None:
     """Copy whole blocks src -> dst for every pair, in place: the copy-on-write copies that
     ``KVCacheManager.take_copies()`` returns, all in one call (vLLM launches one kernel)."""
-    check_caches(key_cache, value_cache)
+    check_caches(key_cache, value_cache, writable=True)
     nb = key_cache.shape[0]
     m = check_block_mapping(block_mapping, nb, nb, "block_mapping", same_pool=True)
     # Fancy indexing on the right makes a copy first; with no block both src and dst the order
@@ -139,7 +147,8 @@ def swap_blocks(src_key_cache: np.ndarray, src_value_cache: np.ndarray,
                 block_mapping: object) -> None:
     """Copy blocks from one pool to another (GPU -> CPU on swap-out, CPU -> GPU on swap-in)."""
     check_caches(src_key_cache, src_value_cache, ("src_key_cache", "src_value_cache"))
-    check_caches(dst_key_cache, dst_value_cache, ("dst_key_cache", "dst_value_cache"))
+    check_caches(dst_key_cache, dst_value_cache, ("dst_key_cache", "dst_value_cache"),
+                 writable=True)
     if src_key_cache.shape[1:] != dst_key_cache.shape[1:]:
         raise ValueError(f"block shapes differ: src [Hkv, BS, D]={src_key_cache.shape[1:]} "
                          f"vs dst {dst_key_cache.shape[1:]}")

@@ -38,7 +38,7 @@ from minipaged.contiguous.buddy import OutOfMemoryError
 from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.contiguous.usage import KVUsage
 from minipaged.paged.block_allocator import OutOfBlocksError
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 SeqId = Hashable
 

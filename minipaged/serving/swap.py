@@ -9,20 +9,22 @@ one of two ways:
                 allocate GPU blocks again and copy back. Costs PCIe bandwidth, many small copies
                 when blocks are small (the paper's Fig. 19).
     recompute   free the GPU blocks and remember the tokens; later re-run them as one prefill.
-                Costs compute, independent of the block size. Recent vLLM defaults to this.
+                Costs compute, independent of the block size. vLLM v1 preempts this way only.
 
-``SwapMixin`` gives ``KVCacheManager`` the block-id side (``swap_out``, ``swap_in``,
-``preempt_by_recompute``); ``CPUBlockPool`` holds the real host arrays, in the same
-[NB, Hkv, BS, D] layout, and moves the data with ``cache_ops.swap_blocks``. The scheduler
-(issue 4) decides *when*; apply a step's data movement in this order: swap-outs, swap-ins,
-copy-on-write copies (``take_copies``), then the step's new K/V. Swap-outs must read their blocks
-before a swap-in in the same step may reuse them.
+``KVCacheManager`` (the last block-manager stage, ``minipaged.KVCacheManager``) adds the
+block-id side, with a plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the
+host arrays in the GPU cache's [NB, Hkv, BS, D] layout and moves data with
+``cache_ops.swap_blocks``. The scheduler decides *when*; a step's data moves in this order:
+swap-outs, swap-ins, copy-on-write copies (``take_copies``), then the step's new K/V (a swap-out
+reads its blocks before a swap-in in the same step may reuse them).
 
-Read before: ``kv_cache.py``. Read next: ``sharing.py``.
+Invariants (``check_invariants``): a sequence is either on the GPU (a table of GPU blocks) or
+swapped out (a table of CPU blocks), never both; CPU reference counts equal the CPU table entries
+pointing at them; a swap moves a group all or nothing (an error leaves every table as it was).
+With prefix caching, a swapped sequence keeps its hashes, and its full blocks are cached again
+when it comes back.
 
-Invariants: a sequence is either on the GPU (a block table of GPU blocks) or swapped out (a table
-of CPU blocks), never both; CPU reference counts equal the CPU table entries pointing at them;
-a swap moves a group all or nothing (OutOfBlocksError leaves every table as it was).
+Read before: ``sharing/prefix_cache.py``. Read next: ``serving/memory_policy.py``.
 """
 
 from __future__ import annotations
@@ -31,37 +33,50 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from minipaged.paged.block_allocator import BlockAllocator, OutOfBlocksError, check_int
+from minipaged._checks import OutOfBlocksError, check_int, check_seq_id
+from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.cache_ops import swap_blocks
+from minipaged.sharing.prefix_cache import HashFn, PrefixCachingBlockManager
+
+__all__ = ["CPUBlockPool", "KVCacheManager"]
 
 
-class SwapMixin:
-    """Swap and recompute for ``KVCacheManager`` (which defines ``_tables``, ``_tokens``,
-    ``_alloc``, ``_copies``, ``_release_table``)."""
+class KVCacheManager(PrefixCachingBlockManager):
+    """The complete block manager: paging, fork and copy-on-write, prefix caching (switchable),
+    and preemption by swapping to ``num_cpu_blocks`` CPU blocks or by recomputation."""
 
-    def __init__(self, num_cpu_blocks: int = 0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 num_cpu_blocks: int = 0, hash_fn: HashFn | None = None) -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+                         hash_fn=hash_fn)
         n = check_int("num_cpu_blocks", num_cpu_blocks, low=0)
-        self._cpu: BlockAllocator | None = BlockAllocator(n) if n else None
-        self._swapped: dict[Hashable, list[int]] = {}   # seq -> CPU block per logical block
+        self.cpu_allocator = BlockAllocator(n) if n else None
+        self._swapped: dict[Hashable, list[int]] = {}  # seq -> CPU block per logical block
 
+    # ---- queries ---------------------------------------------------------------------------
     @property
     def num_free_cpu_blocks(self) -> int:
-        return 0 if self._cpu is None else self._cpu.num_free_blocks
+        return 0 if self.cpu_allocator is None else self.cpu_allocator.num_free_blocks
 
     @property
     def swapped_seq_ids(self) -> list[Hashable]:
         return list(self._swapped)
 
     def is_swapped(self, seq_id: Hashable) -> bool:
-        return seq_id in self._swapped
+        return check_seq_id("seq_id", seq_id) in self._swapped
 
     def cpu_block_table(self, seq_id: Hashable) -> list[int]:
-        if seq_id not in self._swapped:
+        if not self.is_swapped(seq_id):
             raise KeyError(f"seq_id={seq_id!r} is not swapped out")
         return list(self._swapped[seq_id])
 
-    def _distinct(self, seq_ids: Iterable[Hashable], where: str) -> list[Hashable]:
-        ids = list(seq_ids)
+    def _no_table_error(self, seq_id: Hashable) -> Exception:
+        if seq_id in self._swapped:
+            return ValueError(f"seq_id={seq_id!r} is swapped out; swap_in it first")
+        return super()._no_table_error(seq_id)
+
+    def _group(self, seq_ids: Iterable[Hashable], where: str) -> list[Hashable]:
+        ids = [check_seq_id(f"seq_ids[{i}]", s) for i, s in enumerate(seq_ids)]
         if not ids:
             raise ValueError(f"{where}: seq_ids is empty")
         if len(set(ids)) != len(ids):
@@ -69,116 +84,101 @@ class SwapMixin:
         return ids
 
     def can_swap_out(self, seq_ids: Iterable[Hashable]) -> bool:
-        blocks = {b for s in seq_ids for b in self._seq(s)}  # type: ignore[attr-defined]
+        blocks = {b for s in seq_ids for b in self._table(s)}
         return len(blocks) <= self.num_free_cpu_blocks
 
     def can_swap_in(self, seq_ids: Iterable[Hashable]) -> bool:
-        blocks = {b for s in seq_ids for b in self.cpu_block_table(s)}
-        return len(blocks) <= self._alloc.num_free_blocks  # type: ignore[attr-defined]
+        blocks = {c for s in seq_ids for c in self.cpu_block_table(s)}
+        return len(blocks) <= self.num_free_blocks
 
+    # ---- preemption ------------------------------------------------------------------------
     def swap_out(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
         """Move a group's blocks to the CPU pool. Returns the (gpu_block, cpu_block) pairs the
         caller copies (``CPUBlockPool.copy_out``); a block shared inside the group moves once."""
-        ids = self._distinct(seq_ids, "swap_out")
-        tables = [self._seq(s) for s in ids]  # type: ignore[attr-defined]
-        if self._cpu is None:
+        ids = self._group(seq_ids, "swap_out")
+        tables = [self._table(s) for s in ids]
+        if self.cpu_allocator is None:
             raise ValueError("swap_out needs a CPU block pool: KVCacheManager(num_cpu_blocks=0)")
-        pending = set(self._copies)  # type: ignore[attr-defined]
-        mapping: dict[int, int] = {}
         for s, table in zip(ids, tables):
-            if pending.intersection(table):
+            if set(table) & set(self._copies):
                 raise ValueError(f"seq_id={s!r} has a copy-on-write copy not yet applied; "
                                  "call take_copies() and copy_blocks first")
-            for b in table:
-                mapping.setdefault(b, -1)
-        if len(mapping) > self._cpu.num_free_blocks:
-            raise OutOfBlocksError(len(mapping), self._cpu.num_free_blocks,
+        gpu = list(dict.fromkeys(b for table in tables for b in table))  # distinct, in order
+        if len(gpu) > self.cpu_allocator.num_free_blocks:
+            raise OutOfBlocksError(len(gpu), self.cpu_allocator.num_free_blocks,
                                    f"in the CPU pool to swap out seq_ids={ids!r}")
-        for b in mapping:
-            mapping[b] = self._cpu.allocate()
-        cpu_tables = [[mapping[b] for b in table] for table in tables]
-        self._incref_shared(self._cpu, cpu_tables)
-        for s, cpu_table in zip(ids, cpu_tables):
-            self._swapped[s] = cpu_table
-            self._release_table(self._tables.pop(s))  # type: ignore[attr-defined]
+        mapping = dict(zip(gpu, self.cpu_allocator.allocate_many(len(gpu))))
+        for s, table in zip(ids, tables):
+            self._swapped[s] = [mapping[b] for b in table]
+            del self._tables[s]
+        _share_repeats(self.cpu_allocator, [self._swapped[s] for s in ids])
+        for table in tables:
+            self._release(table)
         return list(mapping.items())
 
     def swap_in(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
         """Bring a swapped group back onto fresh GPU blocks. Returns the (cpu_block, gpu_block)
         pairs to copy (``CPUBlockPool.copy_in``). OutOfBlocksError, state unchanged, when the
         GPU lacks room for the whole group."""
-        ids = self._distinct(seq_ids, "swap_in")
+        ids = self._group(seq_ids, "swap_in")
         cpu_tables = [self.cpu_block_table(s) for s in ids]
-        mapping: dict[int, int] = {}
-        for table in cpu_tables:
-            for c in table:
-                mapping.setdefault(c, -1)
-        alloc = self._alloc  # type: ignore[attr-defined]
-        if len(mapping) > alloc.num_free_blocks:
-            raise OutOfBlocksError(len(mapping), alloc.num_free_blocks,
-                                   f"to swap in seq_ids={ids!r}")
-        for c in mapping:
-            mapping[c] = alloc.allocate()
-        tables = [[mapping[c] for c in cpu_table] for cpu_table in cpu_tables]
-        self._incref_shared(alloc, tables)
-        for s, table in zip(ids, tables):
-            self._tables[s] = table  # type: ignore[attr-defined]
-            for c in self._swapped.pop(s):
-                self._cpu.free(c)  # type: ignore[union-attr]
-            self._reregister(s, table)
+        cpu = list(dict.fromkeys(c for table in cpu_tables for c in table))
+        if len(cpu) > self.num_free_blocks:
+            raise OutOfBlocksError(len(cpu), self.num_free_blocks, f"to swap in seq_ids={ids!r}")
+        mapping = dict(zip(cpu, self.allocator.allocate_many(len(cpu))))
+        for s, cpu_table in zip(ids, cpu_tables):
+            self._tables[s] = [mapping[c] for c in cpu_table]
+            del self._swapped[s]
+        _share_repeats(self.allocator, [self._tables[s] for s in ids])
+        self.cpu_allocator.free_many(c for table in cpu_tables for c in table)
+        for s in ids:
+            self._cache_full_blocks(s)  # prefix caching: findable by their hashes again
         return list(mapping.items())
-
-    @staticmethod
-    def _incref_shared(alloc: BlockAllocator, tables: list[list[int]]) -> None:
-        """Each block came from ``allocate`` with count 1, for its first table entry; every
-        further entry pointing at it, in any table of the group, is one more user."""
-        seen: set[int] = set()
-        for table in tables:
-            for b in table:
-                if b in seen:
-                    alloc.incref(b)
-                seen.add(b)
-
-    def _reregister(self, seq_id: Hashable, table: list[int]) -> None:
-        """With prefix caching, a swapped-in full block becomes findable again by its hash."""
-        from minipaged.sharing.prefix_cache import PrefixCachingBlockAllocator
-
-        alloc = self._alloc  # type: ignore[attr-defined]
-        if isinstance(alloc, PrefixCachingBlockAllocator):
-            hashes = self._hashes[seq_id]  # type: ignore[attr-defined]
-            tokens = self._tokens[seq_id]  # type: ignore[attr-defined]
-            bs = self.block_size  # type: ignore[attr-defined]
-            chunks = [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(len(hashes))]
-            self._serials[seq_id] = alloc.register_run(  # type: ignore[attr-defined]
-                table, hashes, chunks, start=0)
 
     def preempt_by_recompute(self, seq_ids: Iterable[Hashable]) -> dict[Hashable, list[int]]:
         """Free a group's blocks and forget the sequences; returns each one's token ids (prompt
         plus generated) to re-prefill later with ``allocate``. With prefix caching most of them
         may still be cached then, so the recompute can be nearly free."""
-        ids = self._distinct(seq_ids, "preempt_by_recompute")
+        ids = self._group(seq_ids, "preempt_by_recompute")
         for s in ids:
-            self._seq(s)  # type: ignore[attr-defined]
-        out = {s: self.token_ids(s) for s in ids}  # type: ignore[attr-defined]
+            self._table(s)  # every one on the GPU, or nothing changes
+        out = {s: self.token_ids(s) for s in ids}
         for s in ids:
-            self.free(s)  # type: ignore[attr-defined]
+            self.free(s)
         return out
 
-    def _free_swapped(self, seq_id: Hashable) -> None:
-        for c in self._swapped.pop(seq_id):
-            self._cpu.free(c)  # type: ignore[union-attr]
+    def free(self, seq_id: Hashable) -> None:
+        if self.is_swapped(seq_id):
+            self.cpu_allocator.free_many(self._swapped.pop(seq_id))
+            self._tables[seq_id] = []  # no GPU blocks left: the common path forgets the rest
+        super().free(seq_id)
 
-    def _check_swap_invariants(self) -> None:
-        assert not set(self._swapped) & set(self._tables), "a sequence both swapped and on GPU"  # type: ignore[attr-defined]
-        if self._cpu is None:
-            assert not self._swapped
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        assert not set(self._swapped) & set(self._tables), "a sequence both swapped and on GPU"
+        assert set(self._swapped) | set(self._tables) == set(self._tokens), "a lost sequence"
+        if self.cpu_allocator is None:
+            assert not self._swapped, "swapped sequences without a CPU pool"
             return
-        self._cpu.check_invariants()
-        refs = [0] * self._cpu.num_blocks
+        self.cpu_allocator.check_invariants()
+        refs = [0] * self.cpu_allocator.num_blocks
         for table in self._swapped.values():
             for c in table:
                 refs[c] += 1
-        assert refs == self._cpu._ref, "CPU reference counts != CPU table entries"
+        for c, want in enumerate(refs):
+            got = self.cpu_allocator.ref_count(c)
+            assert got == want, f"CPU block {c}: reference count {got}, {want} table entries"
+
+
+def _share_repeats(allocator: BlockAllocator, tables: list[list[int]]) -> None:
+    """Each block came from ``allocate`` with count 1, for its first table entry; every further
+    entry pointing at it, in any table of the group, is one more user."""
+    seen: set[int] = set()
+    for table in tables:
+        for b in table:
+            if b in seen:
+                allocator.incref(b)
+            seen.add(b)
 
 
 class CPUBlockPool:

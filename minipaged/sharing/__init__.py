@@ -1,4 +1,6 @@
-"""Stage 4, sharing (lessons 04-05): copy-on-write and fork, prefix caching, sampling and beams.
+"""Stage 4, sharing (lessons 04-05): copy-on-write and fork, sequences, sampling and beams,
+prefix caching. Read in this order: ``cow.py``, ``sequence.py``, ``sampling.py``,
+``prefix_cache.py``. Then stage 5, ``serving/``.
 
 ``minipaged.sharing`` was a single module before 0.2 (now ``sharing/sampling.py``); its names
 are re-exported here, on first use.

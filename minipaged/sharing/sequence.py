@@ -1,15 +1,24 @@
-"""Sequences and sequence groups: what the scheduler moves between its queues.
+"""Sequences and sequence groups: vLLM's vocabulary for requests, one model for every stage.
 
-What this teaches: vLLM's vocabulary for requests. A *sequence* is one token stream; a
-*sequence group* is one request (n parallel samples or k beams are n or k sequences sharing the
-prompt, paper section 4.4), and all of its sequences are admitted, preempted and finished
-together. A sequence's ``token_ids`` are the prompt plus every sampled token; ``num_computed``
-of them have K/V in the cache. A *prefill chunk* is the token range of one sequence whose K/V a
-step computes. Read next: ``scheduler.py``, which moves groups between its queues (waiting,
-running, swapped, finished, rejected: the status strings below).
+What this teaches: a *sequence* is one token stream; a *sequence group* is one request (n
+parallel samples or k beams are n or k sequences sharing the prompt, paper section 4.4), and all
+of its sequences are admitted, preempted and finished together (section 4.5): they share blocks,
+so evicting only some of them would free little and strand the rest. A sequence's ``token_ids``
+are the prompt plus every sampled token; ``num_computed`` of them have K/V in the cache. A
+*prefill chunk* is the token range of one sequence whose K/V a step computes.
+
+The same two classes serve the lessons' helpers (``sharing/sampling.py``: parallel sampling and
+beam search by hand), the scheduler (``serving/scheduler.py``, which moves groups between its
+queues: waiting, running, swapped, finished, rejected, the status strings below), the simulator
+and the model's engine. Sequence ids are any hashable: the scheduler numbers them, the helpers
+name them ``(request_id, i)``.
+
+Read before: ``sharing/cow.py``. Read next: ``sharing/sampling.py``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", \
     "rejected"
@@ -24,7 +33,7 @@ class Sequence:
 
     __slots__ = ("seq_id", "group", "token_ids", "num_computed", "prefilling", "stop_len")
 
-    def __init__(self, seq_id: int, group: SequenceGroup, token_ids: list[int]) -> None:
+    def __init__(self, seq_id: Hashable, group: SequenceGroup, token_ids: list[int]) -> None:
         self.seq_id = seq_id
         self.group = group
         self.token_ids = token_ids
@@ -42,10 +51,10 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "order", "arrival_s", "prompt_len", "output_len", "n",
                  "beam_width", "seqs", "status", "first_token_s", "finish_s", "num_preemptions",
-                 "outputs")
+                 "outputs", "next_index")
 
-    def __init__(self, request_id, order: int, arrival_s: float, prompt_len: int,
-                 output_len: int, n: int, beam_width: int) -> None:
+    def __init__(self, request_id, order: int = 0, arrival_s: float = 0.0, prompt_len: int = 0,
+                 output_len: int = 0, n: int = 1, beam_width: int = 1) -> None:
         self.request_id, self.order, self.arrival_s = request_id, order, arrival_s
         self.prompt_len, self.output_len = prompt_len, output_len
         self.n, self.beam_width = n, beam_width
@@ -55,6 +64,12 @@ class SequenceGroup:
         self.finish_s: float | None = None
         self.num_preemptions = 0
         self.outputs: list[list[int]] = []  # token streams of finished sequences
+        self.next_index = 0  # the i of the next ``(request_id, i)`` id the helpers hand out
+
+    @property
+    def seq_ids(self) -> list:
+        """The ids of the live sequences, in order (a new list each time)."""
+        return [s.seq_id for s in self.seqs]
 
     @property
     def width(self) -> int:

@@ -236,7 +236,7 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
     property of either manager. It runs between repeats."""
     import gc
 
-    from minipaged.paged.block_manager import KVCacheManager
+    from minipaged.serving.swap import KVCacheManager
 
     totals = {name: {op: [0.0, 0] for op in OPS} for name in ("minipaged", "plain")}
     chunk_ratios: list[float] = []

@@ -28,7 +28,7 @@ from minipaged.kit.viz.arena import slot_strip, strip_legend, waste_bars
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import random_kv, random_requests
 from minipaged.kit.viz.state import read_arena, read_pool
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 NUM_SLOTS = 128
 MAX_SEQ_LEN = 32

@@ -18,7 +18,7 @@ from rich.text import Text
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, blocks_text, ids_text, random_requests, words
 from minipaged.kit.viz.style import NOTE_STYLE
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 16
 BLOCK_SIZE = 4

@@ -23,8 +23,7 @@ from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens
 from minipaged.kit.viz.state import read_pool
 from minipaged.kit.viz.style import NOTE_STYLE
-from minipaged.paged.block_manager import KVCacheManager
-from minipaged.serving.swap import CPUBlockPool
+from minipaged.serving.swap import CPUBlockPool, KVCacheManager
 
 NUM_BLOCKS = 10
 NUM_CPU_BLOCKS = 8

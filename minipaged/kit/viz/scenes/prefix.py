@@ -19,7 +19,7 @@ from rich.text import Text
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
 from minipaged.kit.viz.style import NOTE_STYLE
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 12
 BLOCK_SIZE = 4

@@ -21,7 +21,7 @@ import numpy as np
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
-from minipaged.paged.block_manager import KVCacheManager
+from minipaged.serving.swap import KVCacheManager
 from minipaged.sharing.sampling import BeamSearch, Candidate
 
 NUM_BLOCKS = 16
