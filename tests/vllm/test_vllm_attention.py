@@ -17,14 +17,14 @@ Tolerances, and why:
   fp32  both sides compute in float32, in different orders (vLLM in SIMD lanes and its own
         tiles, NumPy pairwise): |vLLM - minipaged| <= 4e-6 + 4e-6 |minipaged|, about 34
         float32 ulps at 1.0, for softmax-weighted sums over at most ~150 keys. Measured on
-        this suite: at most 1.1e-6, no element above 17% of its tolerance; each side is as far from a float64
-        run of minipaged's oracle path as from the other.
+        this suite: at most 1.1e-6, no element above 17% of its tolerance; each side is as
+        far from a float64 run of minipaged's oracle path as from the other.
   bf16  vLLM runs in bf16 (bf16 caches, queries and output); minipaged computes in float32 on
         the very same bf16-rounded inputs. vLLM rounds its output to bf16 (at most 2^-8
         relative) and may round the softmax weights to bf16 before P.V (at most
         2^-8 * max|V| absolute): |vLLM - minipaged| <= 2^-8 * (|minipaged| + max|V|), the sum
-        of the two bounds. Measured: at most 7.6e-3, no element above 31% of its tolerance; minipaged's fp32
-        result is within 6e-7 of float64, so this is vLLM's bf16 rounding.
+        of the two bounds. Measured: at most 7.6e-3, no element above 31% of its tolerance;
+        minipaged's fp32 result is within 6e-7 of float64, so this is vLLM's bf16 rounding.
 """
 
 from __future__ import annotations
