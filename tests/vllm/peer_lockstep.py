@@ -58,6 +58,19 @@ OP_METRICS = ("success", "cached_tokens", "free_blocks", "table_len")
 STEP_METRICS = ("cached_prefixes", "eviction_order", "free_queue")
 
 
+def keep_first_copy_only(pool) -> None:
+    """Difference 3 as minipaged resolves it, applied to a vLLM BlockPool: a full block whose
+    hash another block already holds stays uncached."""
+    insert = pool._insert_block_hash
+
+    def insert_first_copy_only(key, block, num_tokens) -> None:
+        if block.block_hash is None and pool.cached_block_hash_to_block.get_one_block(key):
+            return  # another block holds this prefix already: this copy stays uncached
+        insert(key, block, num_tokens)
+
+    pool._insert_block_hash = insert_first_copy_only
+
+
 class VllmSide:
     """vLLM's v1 KVCacheManager, standalone: one full-attention group, prefix caching on."""
 
@@ -77,16 +90,10 @@ class VllmSide:
                                       hash_block_size=block_size, enable_caching=True)
         self.pool = self.mgr.block_pool
         if not keep_duplicates:  # difference 3, as minipaged chose: the first copy only
-            self._vllm_insert = self.pool._insert_block_hash
-            self.pool._insert_block_hash = self._insert_first_copy_only
+            keep_first_copy_only(self.pool)
         self.requests: dict[str, Request] = {}
         self.prefix_of: dict[bytes, Prefix] = {}  # vLLM block hash -> the prefix it covers
         self.block_size = block_size
-
-    def _insert_first_copy_only(self, key, block, num_tokens) -> None:
-        if block.block_hash is None and self.pool.cached_block_hash_to_block.get_one_block(key):
-            return  # another block holds this prefix already: this copy stays uncached
-        self._vllm_insert(key, block, num_tokens)
 
     def _learn(self, req: Request) -> None:
         bs, tokens = self.block_size, req.all_token_ids

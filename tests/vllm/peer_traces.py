@@ -152,3 +152,46 @@ FAMILIES = {f.__name__.replace("_", "-"): f for f in (
     shared_system_prompt, shared_system_prompt_bs16, eviction_pressure, exact_multiples,
     repeated_identical, no_sharing, multi_turn, recompute_after_eviction)}
 SEEDS = range(8)
+
+
+# ---- scheduler traces ---------------------------------------------------------------------
+@dataclass
+class SchedTrace:
+    """Requests for the scheduler comparison: (arrival step, id, prompt, output length)."""
+    name: str
+    seed: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    requests: list[tuple[int, str, list[int], int]]
+    block_size: int = 16
+    prefix_caching: bool = False
+    max_steps: int = 600
+
+
+def _sched(name: str, seed: int, num_blocks: int, max_num_seqs: int, budget: int,
+           n: int = 20, max_prompt: int = 150, max_out: int = 40,
+           system: int = 0) -> SchedTrace:
+    """``system`` > 0: every prompt starts with the same ``system`` tokens, and both sides
+    cache prefixes."""
+    rng = random.Random(seed)
+    head = _tokens(rng, system)
+    reqs = [(t, f"r{i}", head + _tokens(rng, rng.randint(5, max_prompt)),
+             rng.randint(1, max_out)) for i, t in enumerate(_arrivals(rng, n))]
+    return SchedTrace(name, seed, num_blocks, max_num_seqs, budget, reqs,
+                      prefix_caching=system > 0)
+
+
+SCHED_FAMILIES = {
+    # room for everything: admission order and chunk sizes only
+    "roomy": lambda seed: _sched("roomy", seed, 96, 8, 256),
+    # prompts longer than the budget: chunked prefill, some preemption
+    "chunked": lambda seed: _sched("chunked", seed, 24, 8, 64),
+    # a pool a few prompts fill: preemption victims and re-admissions
+    "tight-memory": lambda seed: _sched("tight-memory", seed, 16, 4, 48),
+    # a budget a handful of decodes fill: decodes and prefill chunks compete for it
+    "small-budget": lambda seed: _sched("small-budget", seed, 40, 8, 16),
+    # a shared system prompt, prefix caching on both sides: chunks start after the hits
+    "prefix-cached": lambda seed: _sched("prefix-cached", seed, 32, 6, 64, system=40),
+}
+SCHED_SEEDS = range(6)
