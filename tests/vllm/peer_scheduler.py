@@ -31,6 +31,8 @@ as lookahead slots when it admits a request, which is minipaged's rule.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 import zlib
 from collections import Counter
@@ -84,6 +86,7 @@ class SchedReport:
 def _model_config() -> ModelConfig:
     """A tiny decoder's config, written locally: the scheduler reads lengths and flags only."""
     path = tempfile.mkdtemp(prefix="minipaged-vllm-model-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                 num_attention_heads=2, num_key_value_heads=2,
                 max_position_embeddings=MAX_MODEL_LEN).save_pretrained(path)
