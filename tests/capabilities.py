@@ -27,8 +27,9 @@ import pytest
 KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu", "vllm")
 
 # What the vLLM tests use. Importing them, not just finding the package, is the test: a vLLM
-# whose torch does not match (or whose torchvision fails to load) is found but does not import;
-# and with tests/ on sys.path, the folder tests/vllm itself would "find" a namespace package.
+# whose torch does not match (or whose torchvision fails to load) is found but does not import.
+# And with tests/ on sys.path the folder tests/vllm is itself a namespace package "vllm": a
+# package without an __init__.py file is not vLLM.
 VLLM_MODULES = ("vllm.v1.core.kv_cache_manager", "vllm._custom_ops")
 
 
@@ -44,6 +45,9 @@ def have(cap: str) -> bool:
     if cap == "cuda-cpu":
         return shutil.which(os.environ.get("CXX", "g++")) is not None
     if cap == "vllm":
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin in (None, "namespace"):  # absent, or only tests/vllm
+            return False
         try:
             for name in VLLM_MODULES:
                 importlib.import_module(name)
