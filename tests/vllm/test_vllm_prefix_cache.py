@@ -14,7 +14,7 @@ recently used cached block, one ignores the last-token rule.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 
 import pytest
 from peer_traces import BS, FAMILIES, SEEDS
@@ -23,23 +23,10 @@ import minipaged
 
 pytestmark = pytest.mark.requires("vllm")
 
-# Where minipaged diverges from vLLM today, and why; the case stays strict (xfail strict=True),
-# so the prefix-cache rewrite that removes the cause makes it XPASS, which fails: then delete
-# the mark.
-SERIAL_CHECK = pytest.mark.xfail(strict=True, reason=(
-    "minipaged verifies a hit by the allocation serial of the parent block "
-    "(minipaged/sharing/prefix_cache.py, match and register_block): after a parent block is "
-    "evicted and recomputed, its cached children never verify again and the chain is BROKEN, "
-    "so the next turn of the conversation loses hits that vLLM keeps (vLLM follows the "
-    "content hash chain only, vllm/v1/core/single_type_kv_cache_manager.py:782-789)"))
-XFAIL = {"recompute-after-eviction": SERIAL_CHECK}
-
-
 def _cases():
     for family in FAMILIES:
         for seed in SEEDS:
-            marks = [XFAIL[family]] if family in XFAIL else []
-            yield pytest.param(family, seed, marks=marks, id=f"{family}-{seed}")
+            yield pytest.param(family, seed, id=f"{family}-{seed}")
 
 
 @pytest.mark.parametrize(("family", "seed"), list(_cases()))
@@ -112,33 +99,42 @@ def _hook(obj: object, *names: str) -> None:
                     pytrace=False)
 
 
-def evict_most_recent(alloc, monkeypatch) -> None:
-    """Mutant: evict the most recently used cached free block instead of the least."""
-    _hook(alloc, "_evict_oldest", "_lru", "_stale", "_num_stale", "lru_blocks")
-    evict_head = alloc._evict_oldest
+def evict_most_recent(mgr, monkeypatch) -> None:
+    """Mutant: when a cached block must be evicted, take the most recently freed one."""
+    alloc = mgr.allocator
+    _hook(alloc, "_take_free", "_free", "_hash", "_evict")
 
-    def evict_newest() -> int:
-        live = alloc.lru_blocks()                        # least recently used first
-        alloc._lru = deque(live[-1:] + live[:-1])        # the newest to the head ...
-        alloc._stale = [0] * alloc.num_blocks            # ... with no stale entries left
-        alloc._num_stale = 0
-        return evict_head()
+    def take_newest() -> int:
+        head = next(iter(alloc._free))
+        block = head
+        if alloc._hash[head] is not None:  # an eviction: the newest cached free block instead
+            block = [b for b in alloc._free if alloc._hash[b] is not None][-1]
+        del alloc._free[block]
+        if alloc._hash[block] is not None:
+            alloc._evict(block)
+        return block
 
-    monkeypatch.setattr(alloc, "_evict_oldest", evict_newest)
+    monkeypatch.setattr(alloc, "_take_free", take_newest)
 
 
-def ignore_last_token_rule(alloc, monkeypatch) -> None:
+def ignore_last_token_rule(mgr, monkeypatch) -> None:
     """Mutant: let a prompt hit every full block, its last token's block included."""
-    _hook(alloc, "match")
-    match = alloc.match
-    monkeypatch.setattr(alloc, "match", lambda tokens, bs, max_hits:
-                        match(tokens, bs, len(tokens) // bs))
+    _hook(mgr, "_plan")
+    plan = mgr._plan
+
+    def plan_all(tokens):
+        # One token more lifts the (n - 1) // BS cap to n // BS; keep only real full blocks.
+        hashes, hits = plan([*tokens, 0])
+        n = len(tokens) // mgr.block_size
+        return hashes[:n], hits[:n]
+
+    monkeypatch.setattr(mgr, "_plan", plan_all)
 
 
 def _mutated(monkeypatch, mutate):
     def factory(*args, **kwargs):
         mgr = minipaged.KVCacheManager(*args, **kwargs)
-        mutate(mgr.allocator, monkeypatch)
+        mutate(mgr, monkeypatch)
         return mgr
     return factory
 
