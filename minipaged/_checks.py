@@ -103,6 +103,86 @@ def check_choice(name: str, value: object, choices: Iterable[object]) -> object:
     return value
 
 
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_dtype(name: str, dtype: np.dtype) -> None:
+    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}.dtype={np.dtype(dtype)} is not supported; expected one of "
+                        "float16, float32, float64")
+
+
+# ---- attention inputs: queries, block tables and sequence lengths (paged attention) --------
+def check_int_array(name: str, x: object, ndim: int) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32 by convention), got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+def check_block_tables(block_tables: object, seq_lens: object, S: int, NB: int, BS: int,
+                  *, single_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Validate block tables [S, MB] and seq_lens [S] against a pool of NB blocks of BS slots;
+    return both as int64 arrays.
+
+    Only entries inside a sequence's length are checked (and later read): the rest is padding."""
+    tname, lname = ("block_table_row", "seq_len") if single_row else ("block_tables", "seq_lens")
+    if single_row:
+        bt = check_int_array(tname, block_tables, 1)[None, :]
+        lens = check_int_array(lname, seq_lens, 0)[None]
+    else:
+        bt = check_int_array(tname, block_tables, 2)
+        lens = check_int_array(lname, seq_lens, 1)
+        if bt.shape[0] != S:
+            raise ValueError(f"block_tables.shape={bt.shape} has {bt.shape[0]} rows; expected "
+                             f"one per sequence, S={S}")
+        if lens.shape != (S,):
+            raise ValueError(f"seq_lens.shape={lens.shape}; expected [S={S}]")
+
+    def where(s: int, i: int | None = None) -> str:
+        if single_row:
+            return lname if i is None else f"{tname}[{i}]"
+        return f"{lname}[{s}]" if i is None else f"{tname}[{s}, {i}]"
+
+    MB = bt.shape[1]
+    for s in np.flatnonzero(lens < 1)[:1]:
+        raise ValueError(f"{where(s)}={lens[s]}; every sequence needs at least 1 token")
+    for s in np.flatnonzero(lens > MB * BS)[:1]:
+        raise ValueError(f"{where(s)}={lens[s]} needs {-(-lens[s] // BS)} blocks of BS={BS} but "
+                         f"{tname} has only MB={MB} entries per row (room for {MB * BS} tokens)")
+    used = np.arange(MB)[None, :] < -(-lens[:, None] // BS)            # [S, MB] entries in use
+    bad = used & ((bt < 0) | (bt >= NB))
+    if bad.any():
+        s, i = (int(x) for x in np.argwhere(bad)[0])
+        what = "is padding (-1)" if bt[s, i] == -1 else f"is out of range [0, NB={NB})"
+        last = min((i + 1) * BS, lens[s]) - 1
+        raise ValueError(f"{where(s, i)} = {bt[s, i]} {what} inside {where(s)}={lens[s]} "
+                         f"(logical block {i} holds tokens {i * BS}..{last})")
+    return bt, lens
+
+
+def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: str) -> int:
+    if not isinstance(query, np.ndarray):
+        raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
+    if query.ndim != 3:
+        raise ValueError(f"query must be [{rows_name}, H, D] (3-D), got shape {query.shape}")
+    check_dtype("query", query.dtype)
+    if query.dtype != key_cache.dtype:
+        raise TypeError(f"query.dtype={query.dtype} != key_cache.dtype={key_cache.dtype}")
+    _, Hkv, _, D = key_cache.shape
+    if query.shape[2] != D:
+        raise ValueError(f"query.shape[2]={query.shape[2]} is the head size; key_cache has "
+                         f"D={D} (key_cache.shape={key_cache.shape})")
+    if query.shape[1] < 1 or query.shape[1] % Hkv:
+        raise ValueError(f"H={query.shape[1]} query heads is not a multiple of Hkv={Hkv} KV "
+                         "heads (key_cache.shape[1])")
+    if query.shape[0] != rows:
+        raise ValueError(f"query.shape[0]={query.shape[0]}; expected {rows_name}={rows}")
+    return query.shape[1] // Hkv
+
+
 class OutOfBlocksError(RuntimeError):
     """Not enough free physical blocks. ``needed`` and ``free`` say by how much.
 

@@ -33,18 +33,12 @@ from __future__ import annotations
 
 import numpy as np
 
-SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+from minipaged._checks import SUPPORTED_DTYPES, check_dtype  # noqa: F401 (re-exported)
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """float16 accumulates in float32; float32 and float64 in themselves."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
-
-
-def check_dtype(name: str, dtype: np.dtype) -> None:
-    if np.dtype(dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}.dtype={np.dtype(dtype)} is not supported; expected one of "
-                        "float16, float32, float64")
 
 
 def check_tile(tile: int | None) -> None:

@@ -34,19 +34,20 @@ sequence it is vectorised across heads; the online decode path is vectorised acr
 (every sequence's tile is exactly BS keys, so all of them share one shape). No loop runs per
 token anywhere.
 
-Read before: ``attention.py``, ``kv_cache.py``, ``cache_ops.py``. Read next: the CUDA kernel
-(``minipaged/cuda``), which does the online walk with one thread block per (head, sequence).
+Read before: ``attention.py``, ``paged/block_manager.py``, ``paged/cache_ops.py``. Read next:
+``sharing/cow.py`` (stage 4: sharing blocks). The CUDA kernel (``cuda/``, lesson 08) does the
+online walk with one thread block per (head, sequence).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from minipaged._checks import check_block_tables, check_dtype, check_int_array, check_query
 from minipaged.attention import (
     _from_heads,
     _to_heads,
     accumulation_dtype,
-    check_dtype,
     check_scale,
     online_init,
     online_step,
@@ -62,15 +63,6 @@ METHODS = ("gather", "online")
 GATHER_CHUNK_BYTES = 1 << 20
 
 
-def _as_int_array(name: str, x: object, ndim: int) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers (int32 by convention), got dtype {a.dtype}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    return a.astype(np.int64, copy=False)
-
-
 def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
     # Type, rank, matching shapes and dtypes: the same checks as every cache op. Attention
     # adds what its arithmetic needs: a float dtype it supports and the one C-contiguous layout.
@@ -84,66 +76,6 @@ def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, 
     if min(NB, Hkv, BS, D) < 1:
         raise ValueError(f"key_cache.shape={key_cache.shape} has an empty dimension")
     return NB, Hkv, BS, D
-
-
-def _check_tables(block_tables: object, seq_lens: object, S: int, NB: int, BS: int,
-                  *, single_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Validate block tables [S, MB] and seq_lens [S]; return both as int64 arrays.
-
-    Only entries inside a sequence's length are checked (and later read): the rest is padding."""
-    tname, lname = ("block_table_row", "seq_len") if single_row else ("block_tables", "seq_lens")
-    if single_row:
-        bt = _as_int_array(tname, block_tables, 1)[None, :]
-        lens = _as_int_array(lname, seq_lens, 0)[None]
-    else:
-        bt = _as_int_array(tname, block_tables, 2)
-        lens = _as_int_array(lname, seq_lens, 1)
-        if bt.shape[0] != S:
-            raise ValueError(f"block_tables.shape={bt.shape} has {bt.shape[0]} rows; expected "
-                             f"one per sequence, S={S}")
-        if lens.shape != (S,):
-            raise ValueError(f"seq_lens.shape={lens.shape}; expected [S={S}]")
-
-    def where(s: int, i: int | None = None) -> str:
-        if single_row:
-            return lname if i is None else f"{tname}[{i}]"
-        return f"{lname}[{s}]" if i is None else f"{tname}[{s}, {i}]"
-
-    MB = bt.shape[1]
-    for s in np.flatnonzero(lens < 1)[:1]:
-        raise ValueError(f"{where(s)}={lens[s]}; every sequence needs at least 1 token")
-    for s in np.flatnonzero(lens > MB * BS)[:1]:
-        raise ValueError(f"{where(s)}={lens[s]} needs {-(-lens[s] // BS)} blocks of BS={BS} but "
-                         f"{tname} has only MB={MB} entries per row (room for {MB * BS} tokens)")
-    used = np.arange(MB)[None, :] < -(-lens[:, None] // BS)            # [S, MB] entries in use
-    bad = used & ((bt < 0) | (bt >= NB))
-    if bad.any():
-        s, i = (int(x) for x in np.argwhere(bad)[0])
-        what = "is padding (-1)" if bt[s, i] == -1 else f"is out of range [0, NB={NB})"
-        last = min((i + 1) * BS, lens[s]) - 1
-        raise ValueError(f"{where(s, i)} = {bt[s, i]} {what} inside {where(s)}={lens[s]} "
-                         f"(logical block {i} holds tokens {i * BS}..{last})")
-    return bt, lens
-
-
-def _check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: str) -> int:
-    if not isinstance(query, np.ndarray):
-        raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
-    if query.ndim != 3:
-        raise ValueError(f"query must be [{rows_name}, H, D] (3-D), got shape {query.shape}")
-    check_dtype("query", query.dtype)
-    if query.dtype != key_cache.dtype:
-        raise TypeError(f"query.dtype={query.dtype} != key_cache.dtype={key_cache.dtype}")
-    _, Hkv, _, D = key_cache.shape
-    if query.shape[2] != D:
-        raise ValueError(f"query.shape[2]={query.shape[2]} is the head size; key_cache has "
-                         f"D={D} (key_cache.shape={key_cache.shape})")
-    if query.shape[1] < 1 or query.shape[1] % Hkv:
-        raise ValueError(f"H={query.shape[1]} query heads is not a multiple of Hkv={Hkv} KV "
-                         "heads (key_cache.shape[1])")
-    if query.shape[0] != rows:
-        raise ValueError(f"query.shape[0]={query.shape[0]}; expected {rows_name}={rows}")
-    return query.shape[1] // Hkv
 
 
 def _check_method(method: str) -> None:
@@ -215,7 +147,7 @@ def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: n
     Returns k, v [Tk, Hkv, D] (Tk = seq_len), copies in the cache's dtype: exactly what a
     contiguous cache would hold, ready for ``dense_attention``."""
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
-    bt, lens = _check_tables(block_table_row, seq_len, 1, NB, BS, single_row=True)
+    bt, lens = check_block_tables(block_table_row, seq_len, 1, NB, BS, single_row=True)
     L = int(lens[0])
     blocks = bt[0, :-(-L // BS)]
     k = key_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, Hkv, D)[:L]   # [Tk, Hkv, D]
@@ -235,10 +167,10 @@ def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.nd
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     if not isinstance(query, np.ndarray) or query.ndim != 3:
-        _check_query(query, key_cache, 0, "S")                      # raises the right error
+        check_query(query, key_cache, 0, "S")                      # raises the right error
     S = query.shape[0]
-    G = _check_query(query, key_cache, S, "S")
-    bt, lens = _check_tables(block_tables, seq_lens, S, NB, BS)
+    G = check_query(query, key_cache, S, "S")
+    bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     check_scale(scale)
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
@@ -289,12 +221,12 @@ def paged_prefill_attention(query: np.ndarray, key_cache: np.ndarray, value_cach
     for bit to dense_attention on each sequence's gathered K/V (tile=BS for "online")."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
-    qlens = _as_int_array("query_lens", query_lens, 1)
+    qlens = check_int_array("query_lens", query_lens, 1)
     S = qlens.shape[0]
     for s in np.flatnonzero(qlens < 1)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]}; every sequence needs at least 1 new token")
-    G = _check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
-    bt, lens = _check_tables(block_tables, seq_lens, S, NB, BS)
+    G = check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
+    bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     for s in np.flatnonzero(qlens > lens)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]} > seq_lens[{s}]={lens[s]}; seq_lens "
                          "must count the new tokens too")
