@@ -7,7 +7,7 @@
 # does the walk with thousands of threads at once. This lesson runs the real CUDA kernel,
 # `minipaged/cuda/paged_attention.cu`, and shows what each piece of the GPU does with it.
 #
-# No GPU here? The same `.cu` text is compiled by g++ against `minipaged/cuda/cuda_emu.h`, a
+# No GPU here? The same `.cu` text is compiled by g++ against `minipaged/cuda/emu/cuda_emu.h`, a
 # small header that emulates CUDA's execution model on the CPU: every CUDA thread becomes a
 # *fiber* (a function with its own stack that runs until it must wait for others). Slow, but
 # faithful to the rules, and it can *trace* what each warp does. With CuPy and a GPU, the last
@@ -29,8 +29,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged.cuda import KernelError, cpu_build
+from minipaged.cuda import KernelError
 from minipaged.cuda import paged_attention as kernel_attention
+from minipaged.cuda.emu import cpu_build
 from minipaged.paged.paged_attention import paged_attention as numpy_attention
 
 console = Console()
@@ -160,7 +161,7 @@ assert np.abs(v1 - v2).max() < 1e-5  # same arithmetic, partials combined in ano
 # A `__shfl_xor_sync` inside an `if` that splits a warp is undefined behaviour in CUDA: on a GPU
 # it may hang or return garbage. The emulator checks that every lane of a warp reaches the
 # same shuffle, every thread the same barrier, and that nobody exits while others wait.
-# `minipaged/cuda/broken_kernels.cu` has one bug per kernel; here is bug 2.
+# `minipaged/cuda/emu/broken_kernels.cu` has one bug per kernel; here is bug 2.
 
 # %%
 lib = cpu_build.load()

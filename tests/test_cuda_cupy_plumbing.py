@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_cuda_cases import make_case, place
 
-from minipaged.cuda import cpu_build, cupy_runner
+from minipaged.cuda import cupy_runner, kernels
 from minipaged.cuda import launch as cuda
 
 
@@ -105,8 +105,8 @@ def test_attention_launch_arguments_match_the_kernel(launches, dtype, version):
                                           scale=None, version=version, backend="cpu")
     name, grid, block, a, smem = launches[0]
     assert name.startswith("mp::paged_attention_kernel<")
-    assert name.endswith(f"{cpu_build.PARTITION_SIZE if version == 2 else 0}>")
-    assert grid == (8, 2, expected.max_partitions) and block == (cpu_build.NUM_THREADS,)
+    assert name.endswith(f"{kernels.PARTITION_SIZE if version == 2 else 0}>")
+    assert grid == (8, 2, expected.max_partitions) and block == (kernels.NUM_THREADS,)
     assert smem == expected.smem
     check_args(signature("paged_attention_kernel"), a, np.dtype(dtype))
     if version == 2:

@@ -1,6 +1,6 @@
-"""The CPU emulation of CUDA's execution model (minipaged/cuda/cuda_emu.h) catches kernel bugs.
+"""The CPU emulation of CUDA's execution model (minipaged/cuda/emu/) catches kernel bugs.
 
-Each kernel in minipaged/cuda/broken_kernels.cu has one bug that would hang or corrupt a real
+Each kernel in minipaged/cuda/emu/broken_kernels.cu has one bug that would hang or corrupt a real
 GPU. The harness must report it as a KernelError naming the kind of bug and the call site,
 never hang and never crash; and the correct kernel (which = 0) must compute the right sum.
 """
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from capabilities import require
 
-from minipaged.cuda import cpu_build
-from minipaged.cuda.cpu_build import KernelError
+from minipaged.cuda.emu import cpu_build
+from minipaged.cuda.emu.cpu_build import KernelError
 
 pytestmark = pytest.mark.requires("cuda-cpu")
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_cuda_cases import make_case, place, reference, tolerance
 
 from minipaged.cuda import launch as cuda
-from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+from minipaged.cuda.kernels import BLOCK_SIZES, DTYPES, HEAD_SIZES
 from minipaged.paged import cache_ops
 
 pytestmark = pytest.mark.requires("gpu")

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.cpu_build import (
+from minipaged.cuda.kernels import (
     BLOCK_SIZES,
     DTYPES,
     HEAD_SIZES,
+    NUM_THREADS,
     PARTITION_SIZE,
+    VERSIONS,
 )
 
 BACKENDS = ("cpu", "cupy")
@@ -115,6 +117,13 @@ class AttentionLaunch:
     reduce_smem: int     # v2 reduce kernel, bytes
     scale: float
 
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """The main kernel's grid (v0: one thread per row of S*H; else (H, S, P))."""
+        if self.version == 0:
+            return (-(-self.num_seqs * self.num_heads // NUM_THREADS), 1, 1)
+        return (self.num_heads, self.num_seqs, self.max_partitions)
+
 
 def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale,
                           version, backend) -> AttentionLaunch:
@@ -122,9 +131,8 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
 
     Raises ValueError / TypeError naming the argument, its value and what was expected."""
     _check_backend(backend)
-    if version not in (1, 2):
-        raise ValueError(f"version={version!r}; expected 1 (one thread block per head and "
-                         "sequence) or 2 (partitions of 512 tokens plus a reduce kernel)")
+    if version not in VERSIONS:
+        raise ValueError(f"version={version!r}; expected one of {list(VERSIONS)}")
     _check_array("query", query, 3, backend)
     _check_array("key_cache", key_cache, 4, backend)
     _check_array("value_cache", value_cache, 4, backend)
@@ -180,7 +188,9 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
     if not math.isfinite(scale):
         raise ValueError(f"scale={scale}; expected a finite number (default 1/sqrt(D))")
     max_len = int(lens.max()) if s else 0
-    if version == 1:
+    if version == 0:
+        max_partitions, smem, reduce_smem = 1, 0, 0
+    elif version == 1:
         # v1 keeps every logit of the longest sequence in shared memory
         max_partitions, smem, reduce_smem = 1, -(-max_len // bs) * bs * 4, 0
     else:

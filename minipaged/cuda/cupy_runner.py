@@ -17,52 +17,17 @@ Read next: lessons/08_gpu_kernel.py; the benchmark is minipaged/bench/kernel.py.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.cpu_build import (
-    CUDA_DIR,
-    DTYPES,
+from minipaged.cuda.kernels import (
     NUM_THREADS,
     PARTITION_SIZE,
+    attention_names,
+    cache_names,
+    source,
 )
-
-
-def _expand(name: str, seen: set[str]) -> str:
-    """The source with its local #includes pasted in (once each, as #pragma once would).
-
-    CuPy's on-disk kernel cache is keyed by the source text only; pasting the includes in
-    makes an edit to common.cuh change the key, so a stale binary is never reused."""
-    if name in seen:
-        return ""
-    seen.add(name)
-    out = []
-    for line in (CUDA_DIR / name).read_text().splitlines():
-        m = re.match(r'\s*#include "([^"]+)"', line)
-        if m and m.group(1) != "cuda_emu.h":  # the emulation header is never reached by NVRTC
-            out.append(_expand(m.group(1), seen))
-        elif line.strip() != "#pragma once":
-            out.append(line)
-    return "\n".join(out)
-
-
-@functools.cache
-def source() -> str:
-    seen: set[str] = set()
-    return _expand("paged_attention.cu", seen) + "\n" + _expand("cache_kernels.cu", seen)
-
-
-def _attention_names(dtype: str, head_size: int, block_size: int) -> dict[str, str]:
-    t = DTYPES[dtype]
-    return {
-        "v1": f"mp::paged_attention_kernel<{t}, {head_size}, {block_size}, {NUM_THREADS}, 0>",
-        "v2": f"mp::paged_attention_kernel<{t}, {head_size}, {block_size}, {NUM_THREADS}, "
-              f"{PARTITION_SIZE}>",
-        "reduce": f"mp::paged_attention_v2_reduce_kernel<{t}, {head_size}, {NUM_THREADS}, "
-                  f"{PARTITION_SIZE}>",
-    }
 
 
 @functools.cache
@@ -70,7 +35,7 @@ def attention_kernels(dtype: str, head_size: int, block_size: int) -> dict[str, 
     """{"v1", "v2", "reduce"} -> cupy.RawKernel, compiled once per (dtype, D, BS)."""
     import cupy
 
-    names = _attention_names(dtype, head_size, block_size)
+    names = attention_names(dtype, head_size, block_size)
     module = cupy.RawModule(code=source(), options=("-std=c++17",),
                             name_expressions=list(names.values()))
     return {key: module.get_function(name) for key, name in names.items()}
@@ -80,9 +45,7 @@ def attention_kernels(dtype: str, head_size: int, block_size: int) -> dict[str, 
 def cache_kernels(dtype: str) -> dict[str, Any]:
     import cupy
 
-    t = DTYPES[dtype]
-    names = {"reshape_and_cache": f"mp::reshape_and_cache_kernel<{t}>",
-             "copy_blocks": f"mp::copy_blocks_kernel<{t}>"}
+    names = cache_names(dtype)
     module = cupy.RawModule(code=source(), options=("-std=c++17",),
                             name_expressions=list(names.values()))
     return {key: module.get_function(name) for key, name in names.items()}
@@ -125,6 +88,12 @@ def paged_attention(launch, query, key_cache, value_cache, block_tables, seq_len
             f"{launch.smem} bytes, above this GPU's {limit}; use version=2 (partitions of "
             f"{PARTITION_SIZE} tokens)")
     i32, f32 = np.int32, np.float32
+    if launch.version == 0:
+        kernels["v0"](launch.grid, (NUM_THREADS,),
+                      (out, query, key_cache, value_cache, block_tables, seq_lens,
+                       i32(launch.num_seqs), i32(launch.num_heads), i32(launch.num_kv_heads),
+                       i32(launch.max_blocks), f32(launch.scale)))
+        return out
     nothing = cupy.empty(1, dtype=cupy.float32)  # stands for the unused v2 buffers in v1
     if launch.version == 1:
         exp_sums = max_logits = tmp_out = nothing
@@ -136,8 +105,7 @@ def paged_attention(launch, query, key_cache, value_cache, block_tables, seq_len
     main = kernels["v1" if launch.version == 1 else "v2"]
     if launch.smem > 48 * 1024:  # above 48 KiB a kernel must opt in to more shared memory
         main.max_dynamic_shared_size_bytes = launch.smem
-    grid = (launch.num_heads, launch.num_seqs, launch.max_partitions)
-    main(grid, (NUM_THREADS,),
+    main(launch.grid, (NUM_THREADS,),
          (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, block_tables,
           seq_lens, i32(launch.num_kv_heads), i32(launch.max_blocks),
           i32(launch.max_partitions), f32(launch.scale)),

@@ -3,7 +3,7 @@
 What it teaches: the host side of a launch. checks.py validates everything the kernel will
 trust and computes the geometry; then one of two runners launches the same kernel text:
 
-    backend="cpu"   NumPy arrays; the kernels run under the CPU emulation (cpu_build.py)
+    backend="cpu"   NumPy arrays; the kernels run under the CPU emulation (emu/cpu_build.py)
     backend="cupy"  CuPy arrays or torch CUDA tensors (shared through DLPack, no copy); NVRTC
                     compiles the kernels (cupy_runner.py)
 
@@ -25,7 +25,7 @@ from minipaged.cuda.checks import (
     check_paged_attention,
     check_reshape_and_cache,
 )
-from minipaged.cuda.cpu_build import CACHE_THREADS
+from minipaged.cuda.kernels import CACHE_THREADS
 
 __all__ = ["AttentionLaunch", "check_copy_blocks", "check_paged_attention",
            "check_reshape_and_cache", "copy_blocks", "paged_attention", "reshape_and_cache"]
@@ -97,7 +97,7 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
     out = np.empty(query.shape, dtype=query.dtype)
     if launch.num_seqs == 0:
         return out
-    from minipaged.cuda import cpu_build
+    from minipaged.cuda.emu import cpu_build
 
     lib = cpu_build.load()
     fn = getattr(lib, cpu_build.symbol("paged_attention", launch.dtype, launch.head_size,
@@ -113,7 +113,7 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
     rc = fn(version, out.ctypes.data, *ptrs, query.ctypes.data, key_cache.ctypes.data,
             value_cache.ctypes.data, block_tables.ctypes.data, seq_lens.ctypes.data,
             launch.num_seqs, launch.num_heads, launch.num_kv_heads, launch.max_blocks,
-            launch.max_partitions, launch.smem, launch.reduce_smem, launch.scale)
+            launch.max_partitions, *launch.grid, launch.smem, launch.reduce_smem, launch.scale)
     cpu_build.check(lib, rc)
     return out
 
@@ -144,7 +144,7 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
         return
     _, hkv, bs, d = (int(x) for x in key_cache.shape)
     threads = min(CACHE_THREADS, hkv * d)
-    from minipaged.cuda import cpu_build
+    from minipaged.cuda.emu import cpu_build
 
     lib = cpu_build.load()
     slots = np.ascontiguousarray(slot_mapping, dtype=np.int64)
@@ -174,7 +174,7 @@ def copy_blocks(key_cache: Any, value_cache: Any, block_mapping: Any, *,
     dt, m = check_copy_blocks(key_cache, value_cache, block_mapping, backend=backend)
     if m.shape[0] == 0:
         return
-    from minipaged.cuda import cpu_build
+    from minipaged.cuda.emu import cpu_build
 
     lib = cpu_build.load()
     rc = getattr(lib, cpu_build.symbol("copy_blocks", dt))(

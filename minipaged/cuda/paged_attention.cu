@@ -1,36 +1,49 @@
 // paged_attention.cu: decode attention that reads K and V through block tables, on a GPU.
 //
 // Where this sits: the last stage of the course (contiguous cache -> block table -> sharing ->
-// scheduling -> GPU kernel). minipaged/paged_attention.py computes the same thing in NumPy with
-// method="online"; this file is that walk over the block table, written for 128 CUDA threads.
+// scheduling -> GPU kernel). minipaged/paged/paged_attention.py computes the same thing in NumPy
+// with method="online"; this file is that walk over the block table, written for CUDA threads.
 // Paper: vLLM (Kwon et al., SOSP 2023) section 4.1 "PagedAttention" and Fig. 18a (kernel cost).
-// Read next: cache_kernels.cu (how K/V get into the blocks), then minipaged/cuda/launch.py.
+// Read next: gqa_attention.cu (versions 3 and 4), cache_kernels.cu, then launch.py.
 //
-// How it is run (the same text, three compilers, see common.cuh):
-//   GPU:  python -c "from minipaged.cuda import paged_attention"   (backend="cupy", NVRTC)
-//   CPU:  backend="cpu" builds this file with g++ against cuda_emu.h (what CI runs)
-//   PTX:  nvcc -ptx -arch=sm_90 -I minipaged/cuda instantiations.cu  (tests/test_cuda_nvcc.py)
+// Compile (the same text, three compilers; common.cuh has the few lines that differ):
+//   nvcc   python -c "from minipaged.cuda import kernels; print(kernels.nvcc_source())" > k.cu
+//          nvcc -ptx -arch=sm_90 -std=c++17 -I minipaged/cuda k.cu     (tests/test_cuda_nvcc.py)
+//   NVRTC  python -m minipaged.cuda.report   (CuPy's own compiler for sm_90, no GPU needed:
+//          registers, spills, shared memory per kernel; tests/test_cuda_nvrtc.py)
+//   g++    the CPU harness, minipaged/cuda/emu/ (backend="cpu"; what CI runs the kernels on)
+// Run: lessons/08_gpu_kernel.py (CPU harness), `minipaged gpu-check` (on a GPU).
 //
-// Two versions, in the tradition of llm.c's dev/cuda files:
-//   version 1 (PARTITION_SIZE == 0): one thread block per (head, sequence) walks the whole
-//     context. Simple; but with few sequences the GPU has few blocks to run (S*H of them) and
-//     the logits of a 16K context need 64 KiB of shared memory.
-//   version 2 (PARTITION_SIZE == 512): the context is cut into partitions of 512 tokens, one
-//     thread block per (head, sequence, partition), each writing its max, its sum of exponentials
-//     and its normalised partial output; a reduce kernel rescales and combines them (the online
-//     softmax of paged_attention.py's method="online", at partition granularity). More blocks in
-//     flight for long contexts, fixed shared memory, one extra small kernel.
-// vLLM picks v1 when the context is short or the batch already fills the GPU, v2 otherwise.
+// The versions climb, as in llm.c's dev/cuda files; every one is checked against the float64
+// reference and the NumPy oracle (tests/test_cuda_cpu.py), v1..v4 also against v0. Verdicts are
+// from reading the code and the napkin math below: none has been timed on a GPU yet
+// (`minipaged gpu-check` does that and writes the figures to a JSON report).
+//   v0  one thread per (sequence, head), the online softmax of attention.py in registers.
+//       Obviously right, hopelessly slow: S*H threads (a few warps for a decode batch), each
+//       reading its KV head's K D/32 times and nothing coalesced. The reference for the rest.
+//   v1  one thread block (128 threads) per (head, sequence); logits in shared memory; lanes
+//       share each token's q.k, V read with lane = output dimension. vLLM's design (csrc/
+//       attention/attention_kernels.cuh). Limit: S*H blocks, and logits of the longest
+//       sequence in shared memory (about 57K tokens at most on an H100).
+//   v2  v1 cut into partitions of 512 tokens, one block per (head, sequence, partition), plus a
+//       reduce kernel. More blocks for long contexts and few sequences; fixed shared memory.
+//   v3, v4 (gqa_attention.cu): v1, v2 with one block per KV head computing all of its H/Hkv
+//       query heads from each K/V load: under GQA every K/V byte crosses L2 once, not H/Hkv times.
+// Which one runs: checks.choose_version, vLLM's rule (vllm/attention/ops/paged_attn.py): the
+// single pass when max_seq_len <= 8192 and (one partition, or more than 512 thread blocks);
+// else partitioned. The grouped pair whenever H > Hkv. A caller can force any version.
 //
-// Napkin math (decode, S=64, H=32, Hkv=8, D=128, fp16, context 4096):
-//   K and V read once per KV head: 2 * S * Hkv * ctx * D * 2 B = 2*64*8*4096*128*2 = 1.07 GB
-//   (query and output are 1 MiB: negligible). The 4 query heads of one KV head read the same
-//   K/V from different thread blocks; L2 (tens of MB) serves most repeats, so DRAM sees ~1x.
-//   An H100/H200 copies at ~3-5 TB/s, so the floor is ~0.2-0.3 ms per call. The arithmetic is
-//   2 (q.k and p.v) * S*H*ctx*D * 2 FLOP = 4.3 GFLOP: 4 FLOP per byte read, while the fp32
-//   CUDA cores of an H100 need ~18 FLOP per byte (60 TFLOP/s / 3.35 TB/s) to be the limit.
-//   So decode attention is bandwidth-bound (by ~4x), and the figure of merit is bytes per
-//   second: `minipaged bench kernel` prints it as a fraction of a plain copy's bandwidth.
+// Napkin math (decode, S=32, H=32, Hkv=8, D=128, fp16, context 4096, an H200):
+//   unique K and V: 2 * S * Hkv * ctx * D * 2 B = 2*32*8*4096*128*2 = 537 MB (query and output
+//   are 0.5 MiB: negligible). At the H200's 4.8 TB/s (NVIDIA's datasheet; a device-to-device
+//   copy reaches somewhat less) that is ~0.11-0.13 ms per call. The arithmetic is 2 (q.k and
+//   p.v) * S*H*ctx*D * 2 FLOP = 2.1 GFLOP: 4 FLOP per byte, while the fp32 CUDA cores need ~14
+//   FLOP per byte (67 TFLOP/s / 4.8 TB/s, same datasheet) to become the limit. Decode attention
+//   is bandwidth-bound; the figure of merit is K/V bytes read per second over a copy's.
+//   v1/v2 read each KV head's bytes once per query head that shares it: 4 x 537 MB = 2.15 GB
+//   through L2. L2 (tens of MB) serves most repeats, so DRAM sees ~1x, but the 4x L2 traffic is
+//   estimated to cap v1/v2 near 40-60% of copy bandwidth (an estimate: gpu-check measures it).
+//   v3/v4 remove the 4x.
 //
 // Choices a learner will ask about:
 //   - Why 128 threads (4 warps)? Enough warps per block to hide memory latency while other
@@ -50,7 +63,7 @@
 //     print key_cache[block, head, slot] and see a token's key; the kernel compensates by
 //     letting the lanes of a group load neighbouring 16-byte pieces of the same key row (whole
 //     memory sectors per warp load) and by reading V with lane = output dimension, which is
-//     coalesced in this layout. The price, if any, is measured by `minipaged bench kernel`.
+//     coalesced in this layout. The price, if any, is what `minipaged gpu-check` measures.
 //   - Why logits in shared memory? The softmax needs the max of all logits before any
 //     exponential; keeping them on chip avoids a second pass over K.
 //   - Why float32 everywhere inside? fp16 has 11 significant bits; a sum over thousands of
@@ -59,12 +72,55 @@
 
 namespace mp {
 
-#ifdef MINIPAGED_PLANT_OOB
-inline int plant_oob_armed = 0;
-#endif
+// Version 0: one thread computes one query head of one sequence, alone. Grid: (ceil(S*H / NT));
+// block: NT threads, thread i of the grid takes row i = seq * H + head. No shared memory, no
+// shuffles, no barriers: it is attention.py's online softmax (lesson 01) written in C. A thread
+// cannot keep D accumulators in registers for D=128 beside everything else without spilling, so
+// it makes D/DIMS passes over the sequence, each producing DIMS output dimensions (and
+// recomputing every logit): simple, and slow on purpose.
+template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE>
+__global__ void paged_attention_v0_kernel(
+    scalar_t* __restrict__ out,               // [S, H, D]
+    const scalar_t* __restrict__ q,           // [S, H, D]
+    const scalar_t* __restrict__ k_cache,     // [NB, Hkv, BS, D]
+    const scalar_t* __restrict__ v_cache,     // [NB, Hkv, BS, D]
+    const int* __restrict__ block_tables,     // [S, MB]
+    const int* __restrict__ seq_lens,         // [S]
+    int num_seqs, int num_heads, int num_kv_heads, int max_num_blocks_per_seq, float scale) {
+  constexpr int DIMS = HEAD_SIZE < 32 ? HEAD_SIZE : 32;  // output dimensions per pass
+  const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // seq * H + head
+  if (row >= (long long)num_seqs * num_heads) return;  // the last block's spare threads
+  const int seq = (int)(row / num_heads), head = (int)(row % num_heads);
+  const int kv_head = head / (num_heads / num_kv_heads);
+  const int seq_len = seq_lens[seq];
+  const int* table = block_tables + (long long)seq * max_num_blocks_per_seq;
+  const scalar_t* q_row = q + row * HEAD_SIZE;
 
-// One thread block computes one query head of one sequence (of one partition, v2).
-// Grid: (H, S, partitions); block: NUM_THREADS threads.
+  for (int d0 = 0; d0 < HEAD_SIZE; d0 += DIMS) {
+    float m = MP_NEG_INFINITY, l = 0.f, acc[DIMS];  // running max, running sum, output
+    for (int j = 0; j < DIMS; j++) acc[j] = 0.f;
+    for (int t = 0; t < seq_len; t++) {
+      // token t lives in physical block table[t / BS], slot t % BS
+      const long long base =
+          (((long long)table[t / BLOCK_SIZE] * num_kv_heads + kv_head) * BLOCK_SIZE +
+           t % BLOCK_SIZE) * HEAD_SIZE;
+      float x = 0.f;
+      for (int d = 0; d < HEAD_SIZE; d++) x += to_float(q_row[d]) * to_float(k_cache[base + d]);
+      x *= scale;
+      // online softmax: rescale what we have when the max grows, then add this token
+      const float m_new = fmaxf(m, x);
+      const float correction = expf(m - m_new), p = expf(x - m_new);
+      l = l * correction + p;
+      for (int j = 0; j < DIMS; j++)
+        acc[j] = acc[j] * correction + p * to_float(v_cache[base + d0 + j]);
+      m = m_new;
+    }
+    for (int j = 0; j < DIMS; j++) store(out + row * HEAD_SIZE + d0 + j, acc[j] / l);
+  }
+}
+
+// Versions 1 and 2: one thread block computes one query head of one sequence (of one partition,
+// v2). Grid: (H, S, partitions); block: NUM_THREADS threads.
 // Dynamic shared memory: the logits of the tokens this block covers, as float
 //   (v1: ceil(max seq_len / BS) * BS floats; v2: PARTITION_SIZE floats).
 template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int PARTITION_SIZE>
@@ -170,15 +226,6 @@ __global__ void __launch_bounds__(NUM_THREADS) paged_attention_kernel(
       }
     }
   }
-#ifdef MINIPAGED_PLANT_OOB
-  // A deliberate bug for the sanitizer test, compiled only into the sanitizer build and armed
-  // at run time: read the block table one entry past its end. AddressSanitizer must report it
-  // (tests/test_cuda_sanitize.py); if it did not, a clean sanitizer run would prove nothing.
-  if (plant_oob_armed && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == gridDim.y - 1) {
-    volatile int past_the_end = block_tables[(long long)gridDim.y * max_num_blocks_per_seq];
-    (void)past_the_end;
-  }
-#endif
 
   // 3. The max over the block (its barrier also publishes every warp's logits).
   qk_max = block_max<NUM_WARPS>(red_s, qk_max);

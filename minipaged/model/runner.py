@@ -133,7 +133,7 @@ class PagedRunner:
 
     def _setup_cuda(self, block_size: int) -> None:
         from minipaged.cuda import launch
-        from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+        from minipaged.cuda.kernels import BLOCK_SIZES, DTYPES, HEAD_SIZES
 
         c = self.model.cfg
         if c.head_dim not in HEAD_SIZES or block_size not in BLOCK_SIZES \
