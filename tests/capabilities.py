@@ -5,6 +5,7 @@ A capability is something a test may need beyond numpy and rich:
     torch     the torch package imports
     nvcc      the CUDA compiler is on the PATH (compile-only checks of the .cu sources)
     cuda-cpu  a C++20 compiler (g++) that builds the CPU emulation harness for the .cu sources
+    nvrtc     CuPy and its NVRTC library import (CuPy's own compiler; no GPU or driver needed)
     gpu       CuPy imports and sees at least one CUDA device
 
 Tests ask for one with ``@pytest.mark.requires("torch")`` or, inside a test body, with
@@ -22,7 +23,7 @@ import shutil
 
 import pytest
 
-KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu")
+KNOWN = ("torch", "nvcc", "cuda-cpu", "nvrtc", "gpu")
 
 
 @functools.cache
@@ -36,6 +37,16 @@ def have(cap: str) -> bool:
         return shutil.which("nvcc") is not None
     if cap == "cuda-cpu":
         return shutil.which(os.environ.get("CXX", "g++")) is not None
+    if cap == "nvrtc":
+        if importlib.util.find_spec("cupy") is None:
+            return False
+        try:
+            from cupy_backends.cuda.libs import nvrtc
+
+            nvrtc.getVersion()  # loads libnvrtc (the nvidia-cuda-nvrtc wheel)
+            return True
+        except Exception:  # noqa: BLE001 - a missing or unloadable library means "no NVRTC"
+            return False
     # gpu
     if importlib.util.find_spec("cupy") is None:
         return False
