@@ -43,7 +43,11 @@ def static_smem_of(name: str) -> int:
     """What the driver would report as the kernel's static shared memory."""
     if "reduce" in name or "cache" in name or "copy" in name:
         return 0
-    version = 0 if "_v0_" in name else (2 if name.endswith(f", {kernels.PARTITION_SIZE}>") else 1)
+    partitioned = name.endswith(f", {kernels.PARTITION_SIZE}>")
+    if "gqa" in name:
+        version = 4 if partitioned else 3
+    else:
+        version = 0 if "_v0_" in name else (2 if partitioned else 1)
     head_size = int(name.split("<")[1].split(",")[1])
     return checks.static_smem(version, head_size)
 
@@ -123,7 +127,7 @@ def check_args(types_: list[str], args, scalar_dtype):
 
 
 KERNEL_OF = {0: "paged_attention_v0_kernel", 1: "paged_attention_kernel",
-             2: "paged_attention_kernel"}
+             2: "paged_attention_kernel", 3: "gqa_attention_kernel", 4: "gqa_attention_kernel"}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -214,14 +218,20 @@ def test_more_sequences_than_grid_y_allows_are_launched_in_chunks(launches):
 
 
 def test_the_automatic_choice_is_vllms_rule(launches):
-    def chosen(s, h, length):
-        return checks.choose_version(s, h, length, 16, 128)
+    def chosen(s, h, length, hkv=None):
+        return checks.choose_version(s, h, hkv or h, length, 16, 128)
 
     assert chosen(1, 32, 512) == 1      # one partition: no reduce needed
     assert chosen(1, 32, 4096) == 2     # 32 blocks, 8 partitions: v2 fills the GPU
     assert chosen(17, 32, 4096) == 1    # 544 blocks > 512: enough work for the single pass
     assert chosen(16, 32, 4096) == 2    # 512 blocks: not more than 512
     assert chosen(64, 32, 8193) == 2    # above 8192 tokens: v2 whatever the batch
+    # H > Hkv: the grouped pair, by the same rule counting their blocks (S * Hkv here)
+    assert chosen(1, 32, 512, hkv=8) == 3
+    assert chosen(32, 32, 4096, hkv=8) == 4   # 256 blocks: partitioned (v1 would get 1024)
+    assert chosen(65, 32, 4096, hkv=8) == 3   # 520 blocks
+    assert chosen(65, 64, 8192, hkv=1) == 4   # G=64: 8 blocks per sequence, but 8 heads' logits
+    #                                           of 8192 tokens (256 KiB) do not fit
     case = make_case(0, dtype="float16", num_heads=4, num_kv_heads=4, head_size=64,
                      block_size=16, lens=[3000])
     cuda.paged_attention(*_gpu_args(case), backend="cupy")

@@ -78,18 +78,19 @@ def _expected_key_load_bytes(dtype: str, d: int, bs: int) -> int:
 
 
 def test_keys_are_read_with_vector_loads(ptx):
-    # the Vec<scalar_t, VEC> loads of paged_attention.cu must reach the PTX as vector loads
-    # (ld.global[.nc].v4.f32 / .v4.u32 for 16 bytes, .v4.u16 for 8), or each lane would fetch
-    # 2-4 bytes at a time; the widest load of each kernel is its key load
+    # the Vec<scalar_t, VEC> loads of paged_attention.cu and gqa_attention.cu must reach the PTX
+    # as vector loads (ld.global[.nc].v4.f32 / .v4.u32 for 16 bytes, .v4.u16 for 8), or each
+    # lane would fetch 2-4 bytes at a time; the widest load of each kernel is its key load
     _, _, text = ptx[("sm_90", ())]
     bodies = dict(re.findall(r"\.entry\s+(\w+)\((.*?)\n}\n", text, flags=re.S))
-    attention = {n: b for n, b in bodies.items() if "paged_attention_kernel" in n}
-    assert len(attention) == 2 * len(kernels.ALL_INSTANTIATIONS)
+    block_kernels = ("paged_attention_kernel", "gqa_attention_kernel")  # versions 1-4
+    attention = {n: b for n, b in bodies.items() if any(k in n for k in block_kernels)}
+    assert len(attention) == 4 * len(kernels.ALL_INSTANTIATIONS)
     checked = 0
     for dtype, d, bs in kernels.ALL_INSTANTIATIONS:
         t = "6__half" if dtype == "float16" else "f"
         for name, body in attention.items():
-            if f"paged_attention_kernelI{t}Li{d}ELi{bs}ELi" not in name:
+            if not any(f"{k}I{t}Li{d}ELi{bs}ELi" in name for k in block_kernels):
                 continue
             loads = re.findall(r"ld\.global(?:\.nc)?\.v(\d)\.[a-z]+(\d+)", body)
             widest = max((int(n) * int(bits) // 8 for n, bits in loads), default=0)

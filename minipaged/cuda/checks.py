@@ -27,6 +27,7 @@ from minipaged.attention import check_scale
 from minipaged.cuda.kernels import (
     BLOCK_SIZES,
     DTYPES,
+    GQA_GROUP,
     HEAD_SIZES,
     NUM_THREADS,
     PARTITION_SIZE,
@@ -136,31 +137,45 @@ def static_smem(version: int, head_size: int) -> int:
     warps = NUM_THREADS // 32
     if version in (1, 2):  # q_s[D], red_s[2 * warps], out_s[warps][D]
         return 4 * (head_size + 2 * warps + warps * head_size)
+    if version in (3, 4):  # q_s[GROUP][D], max_s and sum_s [GROUP][warps]
+        return 4 * (GQA_GROUP * head_size + 2 * GQA_GROUP * warps)
     return 0  # v0 uses none
 
 
-def dynamic_smem(version: int, max_len: int, block_size: int) -> int:
-    """Bytes of dynamic shared memory (the logits) of a version's main kernel."""
-    if version == 1:
-        return cdiv(max_len, block_size) * block_size * 4   # every logit of the longest sequence
-    if version == 2:
-        return PARTITION_SIZE * 4                           # one partition's logits
+def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
+                 group: int = 1) -> int:
+    """Bytes of dynamic shared memory (the logits) of a version's main kernel; `group` is
+    H / Hkv, of which versions 3 and 4 keep up to GQA_GROUP heads' logits per block (and
+    reuse the buffer for the warps' partial outputs, NUM_WARPS * D floats per head)."""
+    if version == 1:  # every logit of the longest sequence
+        return cdiv(max_len, block_size) * block_size * 4
+    if version == 2:  # one partition's logits
+        return PARTITION_SIZE * 4
+    if version in (3, 4):
+        tokens = cdiv(max_len, block_size) * block_size if version == 3 else PARTITION_SIZE
+        return min(group, GQA_GROUP) * max(tokens, NUM_THREADS // 32 * head_size) * 4
     return 0
 
 
-def choose_version(num_seqs: int, num_heads: int, max_len: int, block_size: int,
-                   head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
-    """vLLM's rule: the single pass (v1) when max_len <= 8192 and (one partition, or more
-    than 512 thread blocks in the single-pass grid: enough to fill the GPU), else the
-    partitioned version (v2). The rule's comment gives the reasons: one partition needs no
-    reduce; many sequences or heads already give the GPU enough blocks; above 8192 tokens the
-    logits would crowd shared memory. Here also v2 whenever v1's shared memory would not fit."""
-    partitions = cdiv(max_len, PARTITION_SIZE)
-    single = max_len <= SINGLE_PASS_MAX_LEN and (
-        partitions == 1 or num_seqs * num_heads > SINGLE_PASS_MIN_BLOCKS)
-    if single and static_smem(1, head_size) + dynamic_smem(1, max_len, block_size) > smem_limit:
-        single = False
-    return 1 if single else 2
+def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
+                   block_size: int, head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
+    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; single pass or partitioned
+    by vLLM's rule: the single pass when max_len <= 8192 and (one partition, or more than 512
+    thread blocks in the single-pass grid), else partitioned. The rule's comment gives the
+    reasons: one partition needs no reduce; many sequences or heads already give the GPU
+    enough blocks; above 8192 tokens the logits would crowd shared memory. vLLM writes the
+    block count as num_seqs * num_heads, which it is for v1; for v3 it is S * Hkv * ceil(G /
+    GQA_GROUP). Here also partitioned whenever the single pass's shared memory would not fit."""
+    group = num_heads // num_kv_heads
+    grouped = group > 1
+    single, partitioned = (3, 4) if grouped else (1, 2)
+    blocks = num_seqs * (num_kv_heads * cdiv(group, GQA_GROUP) if grouped else num_heads)
+    use_single = max_len <= SINGLE_PASS_MAX_LEN and (
+        cdiv(max_len, PARTITION_SIZE) == 1 or blocks > SINGLE_PASS_MIN_BLOCKS)
+    if use_single and (static_smem(single, head_size)
+                       + dynamic_smem(single, max_len, block_size, head_size, group)) > smem_limit:
+        use_single = False
+    return single if use_single else partitioned
 
 
 @dataclass(frozen=True)
@@ -182,7 +197,7 @@ class AttentionLaunch:
 
     @property
     def partitioned(self) -> bool:
-        return self.version == 2
+        return self.version in (2, 4)
 
     @property
     def chunks(self) -> list[tuple[int, int]]:
@@ -192,9 +207,12 @@ class AttentionLaunch:
 
     def grid(self, rows: int) -> tuple[int, int, int]:
         """The main kernel's grid for a chunk of `rows` sequences: v0 one thread per row of
-        rows * H (x only); the others (H, rows, P)."""
+        rows * H (x only); v1, v2 (H, rows, P); v3, v4 (Hkv * ceil(G / GQA_GROUP), rows, P)."""
         if self.version == 0:
             return (cdiv(rows * self.num_heads, NUM_THREADS), 1, 1)
+        if self.version in (3, 4):
+            group = self.num_heads // self.num_kv_heads
+            return (self.num_kv_heads * cdiv(group, GQA_GROUP), rows, self.max_partitions)
         return (self.num_heads, rows, self.max_partitions)
 
     def reduce_grid(self, rows: int) -> tuple[int, int, int]:
@@ -280,21 +298,22 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     max_len = int(lens.max()) if s else 0
     if version is None:
-        version = choose_version(s, h, max_len, bs, d, smem_limit) if s else 1
-    partitions = cdiv(max_len, PARTITION_SIZE) if version == 2 else 1
+        version = choose_version(s, h, hkv, max_len, bs, d, smem_limit) if s else 1
+    partitioned = version in (2, 4)
+    partitions = cdiv(max_len, PARTITION_SIZE) if partitioned else 1
     if partitions > MAX_GRID_YZ:
         raise ValueError(f"seq_lens up to {max_len} make {partitions} partitions of "
                          f"{PARTITION_SIZE} tokens; gridDim.z allows at most {MAX_GRID_YZ}")
-    smem = dynamic_smem(version, max_len, bs)
+    smem = dynamic_smem(version, max_len, bs, d, h // hkv)
     needed = static_smem(version, d) + smem
     if needed > smem_limit:
         raise ValueError(
             f"version={version} keeps every logit of the longest sequence (seq_lens up to "
             f"{max_len}) in shared memory: {needed} bytes with its static arrays, above the "
-            f"{smem_limit} a thread block may use; use version=2 (partitions of "
+            f"{smem_limit} a thread block may use; use version={version + 1} (partitions of "
             f"{PARTITION_SIZE} tokens) or version=None")
     return AttentionLaunch(_dtype_name(query), s, h, hkv, d, bs, int(tables.shape[1]), version,
-                           partitions, smem, partitions * 4 if version == 2 else 0, scale)
+                           partitions, smem, partitions * 4 if partitioned else 0, scale)
 
 
 # ----------------------------------------------------------------------------------------------

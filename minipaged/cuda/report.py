@@ -117,10 +117,11 @@ def parse_ptxas(log: str, mapping: dict[str, str]) -> list[KernelStats]:
     return stats
 
 
-def kernel_stats(arch: str = "90") -> list[KernelStats]:
-    """Every kernel instantiation, compiled as the GPU runner compiles it."""
+def kernel_stats(arch: str = "90", groups: list[dict[str, str]] | None = None
+                 ) -> list[KernelStats]:
+    """Every kernel instantiation (or those of `groups`), compiled as the GPU runner does."""
     out: dict[str, KernelStats] = {}
-    for names in modules():
+    for names in modules() if groups is None else groups:
         _, mapping, log = compile_program(kernels.source(), list(names.values()), arch,
                                           extra=("-Xptxas=-v",))
         for k in parse_ptxas(log, mapping):
