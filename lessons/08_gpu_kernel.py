@@ -91,7 +91,8 @@ with cpu_build.tracing() as events:
                            version=1)
 
 mine = [e for e in events if e.block == (0, 0, 0)]
-BARRIERS = ["query in shared memory", "block max", "block sum", "warps' outputs posted"]
+BARRIERS = ["query in shared memory", "block max", "block sum", "logits done",
+            "warps' outputs posted"]
 table = Table(title="thread block (head 0, seq 0): what each warp did", title_justify="left")
 table.add_column("warp")
 table.add_column("K blocks read (logical -> physical)")
@@ -106,7 +107,7 @@ for w in range(4):
     table.add_row(str(w), ", ".join(f"{b} -> {block_tables[0, b]}" for b in reads),
                   str(shuffles), str(barriers))
     # The paragraph printed below, checked on this trace: warps take logical blocks in turn,
-    # one shuffle per block read, 5 for the max and 5 for the sum, 4 barriers.
+    # one shuffle per block read, 5 for the max and 5 for the sum, 5 barriers.
     assert reads == list(range(w, 5, 4)), (w, reads)
     assert shuffles == len(reads) + 2 * 5 and barriers == len(BARRIERS), (w, shuffles, barriers)
     if w == 0:
@@ -125,8 +126,9 @@ console.print(
     "Reading a KV block costs one shuffle here (two lanes per token: xor 1 adds the halves). "
     "The max is reduced with 5 shuffles (lanes 16, 8, 4, 2, 1 apart), posted to shared memory "
     "and read back after a barrier; the same for the sum. Then each warp accumulates V over its "
-    "own blocks (no shuffles: lane l owns output dimensions l, l+32), and a last barrier lets "
-    "the 4 warps' partial outputs be added in a fixed order.")
+    "own blocks (no shuffles: lane l owns output dimensions l, l+32); after a barrier (every "
+    "warp is done with the logits) the warps post their partial outputs in the logits' buffer, "
+    "and a last barrier lets them be added in a fixed order.")
 
 # %% [markdown]
 # ## Same answer as the NumPy oracle

@@ -44,10 +44,8 @@ def static_smem_of(name: str) -> int:
     if "reduce" in name or "cache" in name or "copy" in name:
         return 0
     partitioned = name.endswith(f", {kernels.PARTITION_SIZE}>")
-    if "gqa" in name:
-        version = 4 if partitioned else 3
-    else:
-        version = 0 if "_v0_" in name else (2 if partitioned else 1)
+    grouped = ", 8, " in name
+    version = 0 if "_v0_" in name else 1 + partitioned + 2 * grouped
     head_size = int(name.split("<")[1].split(",")[1])
     return checks.static_smem(version, head_size)
 
@@ -127,7 +125,7 @@ def check_args(types_: list[str], args, scalar_dtype):
 
 
 KERNEL_OF = {0: "paged_attention_v0_kernel", 1: "paged_attention_kernel",
-             2: "paged_attention_kernel", 3: "gqa_attention_kernel", 4: "gqa_attention_kernel"}
+             2: "paged_attention_kernel", 3: "paged_attention_kernel", 4: "paged_attention_kernel"}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -195,7 +193,7 @@ def test_v1_beyond_shared_memory_asks_for_v2(launches):
 
 @pytest.mark.parametrize("tokens", [11_600, 12_200, 40_000])
 def test_v1_opts_in_to_the_shared_memory_it_needs(launches, tokens):
-    # D=128, BS=16: 2592 B of static shared memory, so a dynamic part of 12,200 tokens' logits
+    # D=128, BS=16: 544 B of static shared memory, so a dynamic part of 12,200 tokens' logits
     # (48,832 B, under 48 KiB by itself) needs the opt-in; 11,600 tokens (46,400 B) does not
     case = make_case(0, dtype="float16", num_heads=1, num_kv_heads=1, head_size=128,
                      block_size=16, lens=[tokens])

@@ -82,10 +82,10 @@ def test_trace_records_which_warp_reads_which_block(lib):
         if e.what == "warp reads K of logical block":
             reads.setdefault(e.thread // 32, set()).add(e.value)
     assert reads == {w: set(range(w, 10, 4)) for w in range(4)}
-    # lane 0 of each of the 4 warps reports each of the kernel's 4 barriers (query loaded, max,
-    # sum, partial outputs posted)
+    # lane 0 of each of the 4 warps reports each of the kernel's 5 barriers (query loaded, max,
+    # sums, logits done, partial outputs posted)
     barriers = [e for e in events if e.what == "__syncthreads()"]
-    assert len(barriers) == 4 * 4 and {e.thread for e in barriers} == {0, 32, 64, 96}
+    assert len(barriers) == 4 * 5 and {e.thread for e in barriers} == {0, 32, 64, 96}
     # BS=16: two lanes per token, so one shuffle step (xor 1) per KV block for the dot product
     dot_shuffles = [e for e in events if e.what == "__shfl_xor_sync" and e.thread == 0
                     and e.value == 1]

@@ -78,12 +78,12 @@ def _expected_key_load_bytes(dtype: str, d: int, bs: int) -> int:
 
 
 def test_keys_are_read_with_vector_loads(ptx):
-    # the Vec<scalar_t, VEC> loads of paged_attention.cu and gqa_attention.cu must reach the PTX
-    # as vector loads (ld.global[.nc].v4.f32 / .v4.u32 for 16 bytes, .v4.u16 for 8), or each
-    # lane would fetch 2-4 bytes at a time; the widest load of each kernel is its key load
+    # the Vec<scalar_t, VEC> loads of paged_attention.cu must reach the PTX as vector loads
+    # (ld.global[.nc].v4.f32 / .v4.u32 for 16 bytes, .v4.u16 for 8), or each lane would fetch
+    # 2-4 bytes at a time; the widest load of each kernel is its key load
     _, _, text = ptx[("sm_90", ())]
     bodies = dict(re.findall(r"\.entry\s+(\w+)\((.*?)\n}\n", text, flags=re.S))
-    block_kernels = ("paged_attention_kernel", "gqa_attention_kernel")  # versions 1-4
+    block_kernels = ("paged_attention_kernel",)  # versions 1-4
     attention = {n: b for n, b in bodies.items() if any(k in n for k in block_kernels)}
     assert len(attention) == 4 * len(kernels.ALL_INSTANTIATIONS)
     checked = 0

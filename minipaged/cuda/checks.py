@@ -28,6 +28,7 @@ from minipaged.cuda.kernels import (
     BLOCK_SIZES,
     DTYPES,
     GQA_GROUP,
+    GROUPS,
     HEAD_SIZES,
     NUM_THREADS,
     PARTITION_SIZE,
@@ -134,27 +135,22 @@ def _check_writeable(name: str, a: Any) -> None:
 def static_smem(version: int, head_size: int) -> int:
     """Bytes of the __shared__ arrays a version's main kernel declares (tests/test_cuda_nvrtc.py
     compares this with what NVRTC's ptxas reports for every instantiation)."""
-    warps = NUM_THREADS // 32
-    if version in (1, 2):  # q_s[D], red_s[2 * warps], out_s[warps][D]
-        return 4 * (head_size + 2 * warps + warps * head_size)
-    if version in (3, 4):  # q_s[GROUP][D], max_s and sum_s [GROUP][warps]
-        return 4 * (GQA_GROUP * head_size + 2 * GQA_GROUP * warps)
-    return 0  # v0 uses none
+    if version == 0:
+        return 0  # no shared memory at all
+    # q_s[GROUP][D], max_s[GROUP][warps], sum_s[GROUP][warps]
+    return 4 * GROUPS[version] * (head_size + 2 * (NUM_THREADS // 32))
 
 
 def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
                  group: int = 1) -> int:
-    """Bytes of dynamic shared memory (the logits) of a version's main kernel; `group` is
-    H / Hkv, of which versions 3 and 4 keep up to GQA_GROUP heads' logits per block (and
-    reuse the buffer for the warps' partial outputs, NUM_WARPS * D floats per head)."""
-    if version == 1:  # every logit of the longest sequence
-        return cdiv(max_len, block_size) * block_size * 4
-    if version == 2:  # one partition's logits
-        return PARTITION_SIZE * 4
-    if version in (3, 4):
-        tokens = cdiv(max_len, block_size) * block_size if version == 3 else PARTITION_SIZE
-        return min(group, GQA_GROUP) * max(tokens, NUM_THREADS // 32 * head_size) * 4
-    return 0
+    """Bytes of dynamic shared memory of a version's main kernel: the logits of the tokens
+    one block covers (all of the longest sequence's in v1/v3, one partition's in v2/v4), for
+    each of its heads (1, or up to GQA_GROUP of the `group` = H / Hkv heads in v3/v4); at
+    least NUM_WARPS * D floats per head, as the buffer then holds the warps' partial outputs."""
+    if version == 0:
+        return 0
+    tokens = cdiv(max_len, block_size) * block_size if version in (1, 3) else PARTITION_SIZE
+    return min(group, GROUPS[version]) * max(tokens, NUM_THREADS // 32 * head_size) * 4
 
 
 def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
@@ -207,13 +203,13 @@ class AttentionLaunch:
 
     def grid(self, rows: int) -> tuple[int, int, int]:
         """The main kernel's grid for a chunk of `rows` sequences: v0 one thread per row of
-        rows * H (x only); v1, v2 (H, rows, P); v3, v4 (Hkv * ceil(G / GQA_GROUP), rows, P)."""
+        rows * H (x only); the others (Hkv * ceil(G / GROUP), rows, P): (H, rows, P) for
+        v1, v2 (GROUP = 1), one block per KV head and 8 query heads for v3, v4."""
         if self.version == 0:
             return (cdiv(rows * self.num_heads, NUM_THREADS), 1, 1)
-        if self.version in (3, 4):
-            group = self.num_heads // self.num_kv_heads
-            return (self.num_kv_heads * cdiv(group, GQA_GROUP), rows, self.max_partitions)
-        return (self.num_heads, rows, self.max_partitions)
+        group = self.num_heads // self.num_kv_heads
+        return (self.num_kv_heads * cdiv(group, GROUPS[self.version]), rows,
+                self.max_partitions)
 
     def reduce_grid(self, rows: int) -> tuple[int, int, int]:
         return (self.num_heads, rows, 1)

@@ -106,10 +106,7 @@ class Prepared:
             if launch.version == 0:
                 args = (self.out[a:b], *data, i32(rows), i32(launch.num_heads),
                         i32(launch.num_kv_heads), i32(launch.max_blocks), f32(launch.scale))
-            elif launch.version in (1, 2):
-                args = (self.out[a:b], e, m, t, *data, i32(launch.num_kv_heads),
-                        i32(launch.max_blocks), i32(launch.max_partitions), f32(launch.scale))
-            else:  # the grouped versions also need H (their grid counts KV heads)
+            else:
                 args = (self.out[a:b], e, m, t, *data, i32(launch.num_heads),
                         i32(launch.num_kv_heads), i32(launch.max_blocks),
                         i32(launch.max_partitions), f32(launch.scale))

@@ -27,9 +27,9 @@ NUM_THREADS = 128           # threads per block of every attention kernel (4 war
 PARTITION_SIZE = 512        # tokens per partition of the partitioned versions (2, 4)
 CACHE_THREADS = 256         # threads per block of the cache kernels (at most)
 GQA_GROUP = 8               # query heads one block of versions 3 and 4 computes (at most)
+GROUPS = {1: 1, 2: 1, 3: GQA_GROUP, 4: GQA_GROUP}  # the kernel's GROUP, per version
 
-# The versions of paged_attention.cu (0-2) and gqa_attention.cu (3, 4), climbing from the
-# naive one.
+# The versions of paged_attention.cu, climbing from the naive one.
 VERSIONS = {
     0: "naive: one thread per (sequence, head)",
     1: "one thread block per (head, sequence), the whole context in one pass",
@@ -38,7 +38,7 @@ VERSIONS = {
     4: "one thread block per (KV head, sequence, partition) for all its query heads, + reduce",
 }
 
-KERNEL_FILES = ("paged_attention.cu", "gqa_attention.cu", "cache_kernels.cu")
+KERNEL_FILES = ("paged_attention.cu", "cache_kernels.cu")
 Instantiation = tuple[str, int, int]  # (dtype, head size, block size)
 ALL_INSTANTIATIONS: tuple[Instantiation, ...] = tuple(
     (dt, d, bs) for dt in DTYPES for d in HEAD_SIZES for bs in BLOCK_SIZES)
@@ -50,10 +50,10 @@ def attention_names(dtype: str, head_size: int, block_size: int) -> dict[str, st
         GQA_GROUP
     return {
         "v0": f"mp::paged_attention_v0_kernel<{t}, {d}, {bs}>",
-        "v1": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, 0>",
-        "v2": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, {p}>",
-        "v3": f"mp::gqa_attention_kernel<{t}, {d}, {bs}, {nt}, {g}, 0>",
-        "v4": f"mp::gqa_attention_kernel<{t}, {d}, {bs}, {nt}, {g}, {p}>",
+        "v1": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, 1, 0>",
+        "v2": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, 1, {p}>",
+        "v3": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, {g}, 0>",
+        "v4": f"mp::paged_attention_kernel<{t}, {d}, {bs}, {nt}, {g}, {p}>",
         "reduce": f"mp::paged_attention_v2_reduce_kernel<{t}, {d}, {nt}, {p}>",
     }
 
@@ -78,8 +78,7 @@ def kernel_names(instantiations: tuple[Instantiation, ...] | None = None) -> lis
 def nvcc_source() -> str:
     """One CUDA file that instantiates every kernel (taking a kernel's address instantiates it),
     for ``nvcc -ptx -I minipaged/cuda``."""
-    lines = ['#include "paged_attention.cu"', '#include "gqa_attention.cu"',
-             '#include "cache_kernels.cu"',
+    lines = [*(f'#include "{name}"' for name in KERNEL_FILES),
              "void* mp_every_kernel[] = {"]
     lines += [f"    (void*)&{name}," for name in kernel_names()]
     return "\n".join(lines + ["};", ""])

@@ -158,9 +158,9 @@ def _attention_entry_point(dtype: str, d: int, bs: int) -> list[str]:
     """One C function per (dtype, D, BS) that launches any version; the grid comes from
     checks.AttentionLaunch, the one place that computes launch geometry for both runners."""
     p, nt, g, ctype = PARTITION_SIZE, NUM_THREADS, GQA_GROUP, DTYPES[dtype]
-    args = "qq, kk, vv, block_tables, seq_lens"
-    gqa = f"{args}, num_heads, num_kv_heads, max_blocks, max_partitions, scale"
-    return [
+    args = ("o, exp_sums, max_logits, tmp_out, qq, kk, vv, block_tables, seq_lens, num_heads, "
+            "num_kv_heads, max_blocks, max_partitions, scale")
+    out = [
         f'extern "C" int {symbol("paged_attention", dtype, d, bs)}(',
         "    int version, void* out, float* exp_sums, float* max_logits, float* tmp_out,",
         "    const void* q, const void* k, const void* v, const int* block_tables,",
@@ -174,25 +174,16 @@ def _attention_entry_point(dtype: str, d: int, bs: int) -> list[str]:
         "  int rc = 1;",
         "  if (version == 0)",
         f"    return emu::launch(grid, dim3({nt}), 0, [&] {{",
-        f"      mp::paged_attention_v0_kernel<T, {d}, {bs}>(o, {args}, num_seqs, num_heads,",
-        "          num_kv_heads, max_blocks, scale); });",
-        "  if (version == 1)",
-        f"    return emu::launch(grid, dim3({nt}), smem, [&] {{",
-        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, 0>(o, exp_sums, max_logits,",
-        f"          tmp_out, {args}, num_kv_heads, max_blocks, max_partitions, scale); }});",
-        "  if (version == 2)",
-        f"    rc = emu::launch(grid, dim3({nt}), smem, [&] {{",
-        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, {p}>(o, exp_sums, max_logits,",
-        f"          tmp_out, {args}, num_kv_heads, max_blocks, max_partitions, scale); }});",
-        "  if (version == 3)",
-        f"    return emu::launch(grid, dim3({nt}), smem, [&] {{",
-        f"      mp::gqa_attention_kernel<T, {d}, {bs}, {nt}, {g}, 0>(o, exp_sums, max_logits,",
-        f"          tmp_out, {gqa}); }});",
-        "  if (version == 4)",
-        f"    rc = emu::launch(grid, dim3({nt}), smem, [&] {{",
-        f"      mp::gqa_attention_kernel<T, {d}, {bs}, {nt}, {g}, {p}>(o, exp_sums, max_logits,",
-        f"          tmp_out, {gqa}); }});",
-        "  if (rc) return rc;",
+        f"      mp::paged_attention_v0_kernel<T, {d}, {bs}>(o, qq, kk, vv, block_tables,",
+        "          seq_lens, num_seqs, num_heads, num_kv_heads, max_blocks, scale); });",
+    ]
+    for version, group, part in ((1, 1, 0), (2, 1, p), (3, g, 0), (4, g, p)):
+        out += [f"  if (version == {version})",
+                f"    rc = emu::launch(grid, dim3({nt}), smem, [&] {{",
+                f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, {group}, {part}>({args});"
+                " });"]
+    return out + [
+        "  if (rc || version == 1 || version == 3) return rc;",
         f"  return emu::launch(dim3(num_heads, num_seqs, 1), dim3({nt}), reduce_smem, [&] {{",
         f"      mp::paged_attention_v2_reduce_kernel<T, {d}, {nt}, {p}>(o, exp_sums, max_logits,",
         "          tmp_out, seq_lens, max_partitions); });",
