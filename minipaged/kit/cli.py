@@ -44,7 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    gpu = sub.add_parser("gpu-check", help="with an NVIDIA GPU and CuPy: check every CUDA "
+                         "kernel, probe its limits, measure its bandwidth, write a JSON report "
+                         "(exit 3 without a GPU)")
+    gpu.add_argument("--out", default="gpu-check.json", help="where to write the JSON report")
+    gpu.set_defaults(func=_gpu_check)
     return parser
+
+
+def _gpu_check(args: argparse.Namespace) -> int:
+    from minipaged.cuda import gpu_check  # the command's logic lives with the kernels
+
+    return gpu_check.main(["--out", args.out])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
