@@ -111,14 +111,6 @@ __global__ void paged_attention_v0_kernel(
   }
 }
 
-// The max of one head's per-warp maxima (the same value, and bits, in every thread).
-template <int NUM_WARPS>
-__device__ __forceinline__ float head_max(const float* per_warp) {
-  float m = per_warp[0];
-  for (int w = 1; w < NUM_WARPS; w++) m = fmaxf(m, per_warp[w]);
-  return m;
-}
-
 // Versions 1-4: one thread block computes up to GROUP query heads (all sharing KV head
 // `kv_head`) of one sequence (of one partition: v2, v4). Grid: (Hkv * ceil(G / GROUP), S, P),
 // which for GROUP = 1 (v1, v2) is (H, S, P): one block per query head, vLLM's design.
@@ -127,9 +119,10 @@ __device__ __forceinline__ float head_max(const float* per_warp) {
 // the warps' partial outputs at the end).
 //
 // __launch_bounds__(NUM_THREADS, 4): a register budget for ptxas, at least 4 blocks (16 warps)
-// per SM, so at most 128 registers per thread. Without a stated minimum, NVRTC 12.9's ptxas
-// kept 40-64 registers and spilled 4-48 bytes in 6 to 9 of the 36 GROUP = 8 instantiations
-// (measured with python -m minipaged.cuda.report); with it, none spills.
+// per SM, so at most 128 registers per thread. Without a stated minimum NVRTC 12.9's ptxas kept
+// 32-72 registers and spilled in 13 of the 72 instantiations; with a minimum of 5 or more it
+// still spilled in some; with 4 none spills, at 52-122 registers (GROUP = 1) and 71-96
+// (GROUP = 8). Measured with python -m minipaged.cuda.report.
 template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS, int GROUP,
           int PARTITION_SIZE>
 __global__ void __launch_bounds__(NUM_THREADS, 4) paged_attention_kernel(

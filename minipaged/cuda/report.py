@@ -129,19 +129,9 @@ def kernel_stats(arch: str = "90", groups: list[dict[str, str]] | None = None
     return list(out.values())
 
 
-def table(stats: list[KernelStats]) -> list[str]:
-    lines = [f"{'kernel':72} {'regs':>4} {'spill B':>7} {'smem B':>6} {'blocks/SM':>9}"]
-    for k in stats:
-        lines.append(f"{k.name:72} {k.registers:4d} {k.spill_stores + k.spill_loads:7d} "
-                     f"{k.smem:6d} {k.blocks_per_sm():9d}")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
-    arch = "90"
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--arch"] and len(args) == 2:
-        arch = args[1]
+    arch = args[1] if args[:1] == ["--arch"] and len(args) == 2 else "90"
     try:
         import cupy  # noqa: F401
         from cupy_backends.cuda.libs import nvrtc
@@ -153,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     options, _ = nvrtc_options(arch)
     print(f"NVRTC {version[0]}.{version[1]} via CuPy {CUPY_VERSION}, options {' '.join(options)}")
-    print("blocks/SM: theoretical, with no dynamic shared memory (v1 and v2 add their logits)")
-    print("\n".join(table(kernel_stats(arch))))
+    print("blocks/SM: theoretical, with no dynamic shared memory (the logits come on top)")
+    print(f"{'kernel':72} {'regs':>4} {'spill B':>7} {'smem B':>6} {'blocks/SM':>9}")
+    for k in kernel_stats(arch):
+        print(f"{k.name:72} {k.registers:4d} {k.spill_stores + k.spill_loads:7d} {k.smem:6d} "
+              f"{k.blocks_per_sm():9d}")
     return 0
 
 
