@@ -7,9 +7,9 @@ paged_attention.py, method="online") written as CUDA kernels. One .cu text, two 
     backend="cpu"   g++ compiles the same text against emu/cuda_emu.h, which emulates threads,
                     warps, shuffles, barriers and shared memory with fibers (what CI runs)
 
-Files, in reading order: paged_attention.cu (versions 0, 1, 2), gqa_attention.cu (3, 4),
-cache_kernels.cu, common.cuh, kernels.py (what is compiled), checks.py (what a launch trusts,
-which version runs), launch.py, cupy_runner.py, report.py (registers and spills from NVRTC),
+Files, in reading order: paged_attention.cu (versions 0 to 4), cache_kernels.cu, common.cuh,
+kernels.py (what is compiled), checks.py (what a launch trusts, which version runs),
+cache_checks.py, launch.py, cupy_runner.py, report.py (registers and spills from NVRTC),
 gpu_check.py (`minipaged gpu-check`). The CPU harness is a tool, in emu/. The lesson is
 lessons/08_gpu_kernel.py; the benchmark `minipaged bench kernel`.
 

@@ -19,12 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.checks import (
-    AttentionLaunch,
-    check_copy_blocks,
-    check_paged_attention,
-    check_reshape_and_cache,
-)
+from minipaged.cuda.cache_checks import check_copy_blocks, check_reshape_and_cache
+from minipaged.cuda.checks import AttentionLaunch, check_paged_attention
 from minipaged.cuda.kernels import CACHE_THREADS
 
 __all__ = ["AttentionLaunch", "check_copy_blocks", "check_paged_attention",
