@@ -21,9 +21,9 @@
 #
 # The kernel file climbs like llm.c's dev/cuda files: version 0 is one thread per (sequence,
 # head), obviously right and slow; v1 is vLLM's design (one thread block per head); v2 cuts long
-# contexts into partitions; v3 and v4 (gqa_attention.cu) give one block to each *KV* head so that
-# under GQA every K/V byte is read once, not H/Hkv times. Every version is checked against the
-# NumPy oracle, and the later ones against v0.
+# contexts into partitions; v3 and v4 (the same kernel with GROUP = 8) give one block to each
+# *KV* head so that under GQA every K/V byte is read once, not H/Hkv times. Every version is
+# checked against the NumPy oracle, and the later ones against v0.
 #
 # Code: `minipaged/cuda/` (start with paged_attention.cu). Paper: vLLM section 4.1.
 # Next: lesson 09 (a model end to end).
