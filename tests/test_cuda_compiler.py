@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from minipaged.cuda import cpu_build
+from minipaged.cuda.emu import cpu_build
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_cuda_cases import make_case, place
 
-from minipaged.cuda import cpu_build, cupy_runner
+from minipaged.cuda import checks, cupy_runner, kernels
 from minipaged.cuda import launch as cuda
 
 
@@ -26,18 +26,49 @@ class FakeArray:
     """Just enough of cupy.ndarray: a NumPy array that is not an np.ndarray."""
 
     def __init__(self, a):
-        self.a = np.ascontiguousarray(a)
+        self.a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         self.shape, self.dtype, self.ndim, self.size = (self.a.shape, self.a.dtype, self.a.ndim,
                                                         self.a.size)
         self.flags = self.a.flags
         self.data = types.SimpleNamespace(ptr=self.a.ctypes.data)
 
+    def __getitem__(self, index):  # a view, like CuPy's: same memory, shifted pointer
+        return FakeArray(self.a[index])
+
+
+OPTIN = 232448  # an H100's MaxSharedMemoryPerBlockOptin
+
+
+def static_smem_of(name: str) -> int:
+    """What the driver would report as the kernel's static shared memory."""
+    if "reduce" in name or "cache" in name or "copy" in name:
+        return 0
+    partitioned = name.endswith(f", {kernels.PARTITION_SIZE}>")
+    grouped = ", 8, " in name
+    version = 0 if "_v0_" in name else 1 + partitioned + 2 * grouped
+    head_size = int(name.split("<")[1].split(",")[1])
+    return checks.static_smem(version, head_size)
+
 
 class FakeKernel:
+    """A RawKernel that enforces CUDA's launch rules: the dynamic shared memory must not exceed
+    the kernel's max_dynamic_shared_size_bytes attribute (48 KiB minus its static shared memory
+    until someone raises it), static + dynamic must fit the opt-in limit, and gridDim.y and .z
+    stay within 65,535."""
+
     def __init__(self, name, log):
         self.name, self.log = name, log
+        self.shared_size_bytes = static_smem_of(name)
+        self.max_dynamic_shared_size_bytes = 48 * 1024 - self.shared_size_bytes
 
     def __call__(self, grid, block, args, shared_mem=0):
+        if shared_mem > self.max_dynamic_shared_size_bytes:
+            raise RuntimeError(f"{self.name}: {shared_mem} B of dynamic shared memory above the "
+                               f"attribute {self.max_dynamic_shared_size_bytes} B: launch fails")
+        if self.shared_size_bytes + shared_mem > OPTIN:
+            raise RuntimeError(f"{self.name}: static + dynamic above the opt-in limit")
+        if max((*grid, 1, 1)[1:3]) > 65535:
+            raise RuntimeError(f"{self.name}: grid {grid} beyond CUDA's limits")
         self.log.append((self.name, grid, block, args, shared_mem))
 
 
@@ -63,7 +94,7 @@ def launches(monkeypatch):
 
     fake.RawModule = RawModule
     fake.cuda = types.SimpleNamespace(
-        Device=lambda: types.SimpleNamespace(attributes={"MaxSharedMemoryPerBlockOptin": 232448}))
+        Device=lambda: types.SimpleNamespace(attributes={"MaxSharedMemoryPerBlockOptin": OPTIN}))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     cupy_runner.attention_kernels.cache_clear()
     cupy_runner.cache_kernels.cache_clear()
@@ -93,8 +124,12 @@ def check_args(types_: list[str], args, scalar_dtype):
             assert type(a) is {"int": np.int32, "float": np.float32}[t], (t, type(a))
 
 
+KERNEL_OF = {0: "paged_attention_v0_kernel", 1: "paged_attention_kernel",
+             2: "paged_attention_kernel", 3: "paged_attention_kernel", 4: "paged_attention_kernel"}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", list(kernels.VERSIONS))
 def test_attention_launch_arguments_match_the_kernel(launches, dtype, version):
     case = make_case(0, dtype=dtype, num_heads=8, num_kv_heads=2, head_size=128, block_size=16,
                      lens=[1100, 7])
@@ -104,17 +139,16 @@ def test_attention_launch_arguments_match_the_kernel(launches, dtype, version):
     expected = cuda.check_paged_attention(case.q, *place(case, seed=1), case.seq_lens,
                                           scale=None, version=version, backend="cpu")
     name, grid, block, a, smem = launches[0]
-    assert name.startswith("mp::paged_attention_kernel<")
-    assert name.endswith(f"{cpu_build.PARTITION_SIZE if version == 2 else 0}>")
-    assert grid == (8, 2, expected.max_partitions) and block == (cpu_build.NUM_THREADS,)
+    assert name == kernels.attention_names(dtype, 128, 16)[f"v{version}"]
+    assert grid == expected.grid(2) and block == (kernels.NUM_THREADS,)
     assert smem == expected.smem
-    check_args(signature("paged_attention_kernel"), a, np.dtype(dtype))
-    if version == 2:
+    check_args(signature(KERNEL_OF[version]), a, np.dtype(dtype))
+    if expected.partitioned:
         assert expected.max_partitions == 3
         name, grid, block, a, smem = launches[1]
         assert "reduce" in name and grid == (8, 2, 1) and smem == expected.reduce_smem
         check_args(signature("paged_attention_v2_reduce_kernel"), a, np.dtype(dtype))
-    assert len(launches) == version
+    assert len(launches) == (2 if expected.partitioned else 1)
 
 
 def test_cache_launch_arguments_match_the_kernels(launches):
@@ -142,10 +176,61 @@ def test_bad_tables_are_caught_before_any_gpu_launch(launches):
     assert launches == []
 
 
+def _gpu_args(case, seed=None):
+    return [FakeArray(a) for a in (case.q, *place(case, seed=seed), case.seq_lens)]
+
+
 def test_v1_beyond_shared_memory_asks_for_v2(launches):
     case = make_case(0, dtype="float16", num_heads=2, num_kv_heads=2, head_size=64,
                      block_size=32, lens=[60_000])
-    args = [FakeArray(a) for a in (case.q, *place(case), case.seq_lens)]
-    with pytest.raises(ValueError, match=r"use version=2"):
-        cuda.paged_attention(*args, backend="cupy", version=1)
+    with pytest.raises(ValueError, match=r"above the 232448 a thread block may use; use "
+                                         r"version=2"):
+        cuda.paged_attention(*_gpu_args(case), backend="cupy", version=1)
     assert launches == []
+    cuda.paged_attention(*_gpu_args(case), backend="cupy")  # the automatic choice: v2
+    assert launches[0][0].endswith(f", {kernels.PARTITION_SIZE}>")
+
+
+@pytest.mark.parametrize("tokens", [11_600, 12_200, 40_000])
+def test_v1_opts_in_to_the_shared_memory_it_needs(launches, tokens):
+    # D=128, BS=16: 544 B of static shared memory, so a dynamic part of 12,200 tokens' logits
+    # (48,832 B, under 48 KiB by itself) needs the opt-in; 11,600 tokens (46,400 B) does not
+    case = make_case(0, dtype="float16", num_heads=1, num_kv_heads=1, head_size=128,
+                     block_size=16, lens=[tokens])
+    cuda.paged_attention(*_gpu_args(case), backend="cupy", version=1)
+    (name, _, _, _, smem), = launches
+    assert smem == -(-tokens // 16) * 16 * 4
+
+
+def test_more_sequences_than_grid_y_allows_are_launched_in_chunks(launches):
+    s = 70_000  # a prefill step of 70,000 tokens makes one row per token
+    case = make_case(0, dtype="float32", num_heads=2, num_kv_heads=1, head_size=16,
+                     block_size=8, lens=[1] * s)
+    q, kc, vc, tables, lens = _gpu_args(case)
+    cuda.paged_attention(q, kc, vc, tables, lens, backend="cupy", version=1)
+    assert [g[1] for _, g, _, _, _ in launches] == [65_535, s - 65_535]
+    out0, out1 = launches[0][3][0], launches[1][3][0]
+    assert out1.data.ptr - out0.data.ptr == 65_535 * 2 * 16 * 4  # row 65,535 of out
+    assert launches[1][3][4].data.ptr - q.data.ptr == 65_535 * 2 * 16 * 4
+    assert launches[1][3][7].data.ptr - tables.data.ptr == 65_535 * tables.shape[1] * 4
+
+
+def test_the_automatic_choice_is_vllms_rule(launches):
+    def chosen(s, h, length, hkv=None):
+        return checks.choose_version(s, h, hkv or h, length, 16, 128)
+
+    assert chosen(1, 32, 512) == 1      # one partition: no reduce needed
+    assert chosen(1, 32, 4096) == 2     # 32 blocks, 8 partitions: v2 fills the GPU
+    assert chosen(17, 32, 4096) == 1    # 544 blocks > 512: enough work for the single pass
+    assert chosen(16, 32, 4096) == 2    # 512 blocks: not more than 512
+    assert chosen(64, 32, 8193) == 2    # above 8192 tokens: v2 whatever the batch
+    # H > Hkv: the grouped pair, by the same rule counting their blocks (S * Hkv here)
+    assert chosen(1, 32, 512, hkv=8) == 3
+    assert chosen(32, 32, 4096, hkv=8) == 4   # 256 blocks: partitioned (v1 would get 1024)
+    assert chosen(65, 32, 4096, hkv=8) == 3   # 520 blocks
+    assert chosen(65, 64, 8192, hkv=1) == 4   # G=64: 8 blocks per sequence, but 8 heads' logits
+    #                                           of 8192 tokens (256 KiB) do not fit
+    case = make_case(0, dtype="float16", num_heads=4, num_kv_heads=4, head_size=64,
+                     block_size=16, lens=[3000])
+    cuda.paged_attention(*_gpu_args(case), backend="cupy")
+    assert launches[0][0] == kernels.attention_names("float16", 64, 16)["v2"]

@@ -1,6 +1,6 @@
-"""The CPU emulation of CUDA's execution model (minipaged/cuda/cuda_emu.h) catches kernel bugs.
+"""The CPU emulation of CUDA's execution model (minipaged/cuda/emu/) catches kernel bugs.
 
-Each kernel in minipaged/cuda/broken_kernels.cu has one bug that would hang or corrupt a real
+Each kernel in minipaged/cuda/emu/broken_kernels.cu has one bug that would hang or corrupt a real
 GPU. The harness must report it as a KernelError naming the kind of bug and the call site,
 never hang and never crash; and the correct kernel (which = 0) must compute the right sum.
 """
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from capabilities import require
 
-from minipaged.cuda import cpu_build
-from minipaged.cuda.cpu_build import KernelError
+from minipaged.cuda.emu import cpu_build
+from minipaged.cuda.emu.cpu_build import KernelError
 
 pytestmark = pytest.mark.requires("cuda-cpu")
 
@@ -82,10 +82,10 @@ def test_trace_records_which_warp_reads_which_block(lib):
         if e.what == "warp reads K of logical block":
             reads.setdefault(e.thread // 32, set()).add(e.value)
     assert reads == {w: set(range(w, 10, 4)) for w in range(4)}
-    # lane 0 of each of the 4 warps reports each of the kernel's 4 barriers (query loaded, max,
-    # sum, partial outputs posted)
+    # lane 0 of each of the 4 warps reports each of the kernel's 5 barriers (query loaded, max,
+    # sums, logits done, partial outputs posted)
     barriers = [e for e in events if e.what == "__syncthreads()"]
-    assert len(barriers) == 4 * 4 and {e.thread for e in barriers} == {0, 32, 64, 96}
+    assert len(barriers) == 4 * 5 and {e.thread for e in barriers} == {0, 32, 64, 96}
     # BS=16: two lanes per token, so one shuffle step (xor 1) per KV block for the dot product
     dot_shuffles = [e for e in events if e.what == "__shfl_xor_sync" and e.thread == 0
                     and e.value == 1]

@@ -1,7 +1,8 @@
 """The CUDA kernels on a real GPU through CuPy (backend="cupy"). Skipped where CuPy sees no GPU.
 
 The same proofs as test_cuda_cpu.py, on the GPU runner: placement never changes a bit; the
-float64 reference within test_cuda_cases.tolerance; v1 against v2; the cache kernels exact; bad
+float64 reference within test_cuda_cases.tolerance; every version against v0; the cache kernels
+exact; bad
 inputs (CuPy arrays this time) rejected before the launch. Across runners (GPU against the CPU
 harness) only the stated tolerance holds: nvcc fuses multiply-adds and CUDA's expf is not glibc's.
 """
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from test_cuda_cases import make_case, place, reference, tolerance
 
 from minipaged.cuda import launch as cuda
-from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+from minipaged.cuda.kernels import BLOCK_SIZES, DTYPES, HEAD_SIZES, VERSIONS
 from minipaged.paged import cache_ops
 
 pytestmark = pytest.mark.requires("gpu")
@@ -45,7 +46,7 @@ def test_gpu_matches_reference_and_placement(dtype, head_size, block_size, num_k
     tol = tolerance(dtype, ref)
     q, lens_d = gpu(case.q, case.seq_lens)
     outs = {}
-    for version in (1, 2):
+    for version in VERSIONS:
         contiguous = cupy.asnumpy(cuda.paged_attention(q, *gpu(*place(case)), lens_d,
                                                        backend="cupy", version=version))
         scattered = cupy.asnumpy(cuda.paged_attention(q, *gpu(*place(case, seed=seed)), lens_d,
@@ -53,7 +54,8 @@ def test_gpu_matches_reference_and_placement(dtype, head_size, block_size, num_k
         assert np.array_equal(contiguous, scattered)
         assert (np.abs(contiguous.astype(np.float64) - ref) <= tol).all()
         outs[version] = contiguous
-    assert (np.abs(outs[1].astype(np.float64) - outs[2]) <= 2 * tol).all()
+    for version in VERSIONS:
+        assert (np.abs(outs[version].astype(np.float64) - outs[0]) <= 2 * tol).all(), version
     # across runners: each within the bound of the reference
     cpu = cuda.paged_attention(case.q, *place(case), case.seq_lens, backend="cpu")
     assert (np.abs(cpu.astype(np.float64) - outs[1]) <= 2 * tol).all()

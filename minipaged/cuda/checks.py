@@ -1,14 +1,16 @@
-"""What a kernel launch trusts, checked on the host before the launch.
+"""What a kernel launch trusts, checked on the host before the launch; and which version runs.
 
 What it teaches: a GPU kernel trusts its arguments completely. CuPy passes raw pointers and does
 not check scalar types; the kernel reads wherever a block table points and assumes every array
 is C-contiguous and 16-byte aligned. So every check happens here, before the launch: dtypes,
 shapes, contiguity, alignment, and every block-table entry a kernel will follow (entries past
-a sequence's length are never read, so they may hold anything). Then the launch geometry (grid,
-shared memory) is computed once, for both backends. Errors name the argument, the value and
-what was expected. The same checks serve NumPy arrays (backend="cpu") and CuPy arrays
-(backend="cupy"): both have .shape, .dtype and .flags.
+a sequence's length are never read, so they may hold anything). The checks the NumPy paged
+attention also makes raise its very messages (tests/test_cuda_cpu.py compares them); what only
+a kernel needs (compiled sizes, int32 tables, alignment, shared memory, grid limits) comes after.
 
+Then the launch geometry, once for both runners: which version (choose_version, vLLM's rule),
+the grid, the shared memory, and the chunks of at most 65,535 sequences that CUDA's gridDim.y
+allows per launch (a prefill step makes one row per token, so S can exceed it).
 Read next: launch.py, which calls these and then the kernels.
 """
 
@@ -20,14 +22,31 @@ from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.cpu_build import (
+from minipaged._checks import cdiv, check_int
+from minipaged._checks import check_block_tables as _check_tables
+from minipaged.attention import check_scale
+from minipaged.cuda.kernels import (
     BLOCK_SIZES,
     DTYPES,
+    GQA_GROUP,
+    GROUPS,
     HEAD_SIZES,
+    NUM_THREADS,
     PARTITION_SIZE,
+    VERSIONS,
 )
 
 BACKENDS = ("cpu", "cupy")
+MAX_GRID_YZ = 65535             # gridDim.y and gridDim.z limit of every CUDA GPU since sm_30
+SMEM_LIMIT_SM90 = 227 * 1024    # the most shared memory one block may opt in to on sm_90
+#                                 (CUDA C++ Programming Guide, compute capabilities table);
+#                                 the CPU harness enforces it too, so what runs here launches
+#                                 on an H100/H200
+SMEM_DEFAULT = 48 * 1024        # static + dynamic shared memory a block gets without opting in
+# vLLM's rule for v1 or v2 (vllm/attention/ops/paged_attn.py, PagedAttention.forward_decode):
+# v1 when max_seq_len <= 8192 and (one partition, or num_seqs * num_heads > 512)
+SINGLE_PASS_MAX_LEN = 8192
+SINGLE_PASS_MIN_BLOCKS = 512
 
 
 # ----------------------------------------------------------------------------------------------
@@ -43,14 +62,21 @@ def _dtype_name(a: Any) -> str:
     return np.dtype(a.dtype).name
 
 
-def _check_array(name: str, a: Any, ndim: int, backend: str) -> None:
+def _check_type(name: str, a: Any, backend: str) -> None:
+    """NumPy arrays for backend="cpu" (NumPy's message), CuPy arrays for backend="cupy"."""
     if backend == "cpu" and not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} is a {type(a).__name__}; backend='cpu' takes NumPy arrays")
+        hint = (" (backend='cpu' takes NumPy arrays; GPU arrays need backend='cupy')"
+                if hasattr(a, "__cuda_array_interface__") else "")
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}{hint}")
     if backend == "cupy" and isinstance(a, np.ndarray):
         raise TypeError(f"{name} is a NumPy array; backend='cupy' takes CuPy arrays or torch CUDA "
                         "tensors (use backend='cpu' for NumPy)")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} has shape {tuple(a.shape)}; expected {ndim} dimensions")
+    if backend == "cupy" and not all(hasattr(a, x) for x in ("shape", "dtype", "flags")):
+        raise TypeError(f"{name} must be a CuPy array or a torch CUDA tensor, got "
+                        f"{type(a).__name__}")
+
+
+def _check_contiguous(name: str, a: Any) -> None:
     if not a.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous; the kernels index raw memory with the "
                          "row-major strides of its shape (pass np.ascontiguousarray(...))")
@@ -82,25 +108,63 @@ def _check_int(name: str, a: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _to_host(a: Any) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
+    """A NumPy view or copy of `a`: a CuPy array is copied from the device."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
+        return np.asarray(a)
     import cupy  # only reached with backend="cupy"
 
     return cupy.asnumpy(a)
 
 
-def _check_writeable(name: str, a: Any) -> None:
-    if isinstance(a, np.ndarray) and not a.flags.writeable:
-        raise ValueError(f"{name} is read-only; the kernel writes into it in place")
-
-
 # ----------------------------------------------------------------------------------------------
-# paged_attention
+# paged_attention: which version, and how much shared memory
+
+
+def static_smem(version: int, head_size: int) -> int:
+    """Bytes of the __shared__ arrays a version's main kernel declares (tests/test_cuda_nvrtc.py
+    compares this with what NVRTC's ptxas reports for every instantiation)."""
+    if version == 0:
+        return 0  # no shared memory at all
+    # q_s[GROUP][D], max_s[GROUP][warps], sum_s[GROUP][warps]
+    return 4 * GROUPS[version] * (head_size + 2 * (NUM_THREADS // 32))
+
+
+def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
+                 group: int = 1) -> int:
+    """Bytes of dynamic shared memory of a version's main kernel: the logits of the tokens
+    one block covers (all of the longest sequence's in v1/v3, one partition's in v2/v4), for
+    each of its heads (1, or up to GQA_GROUP of the `group` = H / Hkv heads in v3/v4); at
+    least NUM_WARPS * D floats per head, as the buffer then holds the warps' partial outputs."""
+    if version == 0:
+        return 0
+    tokens = cdiv(max_len, block_size) * block_size if version in (1, 3) else PARTITION_SIZE
+    return min(group, GROUPS[version]) * max(tokens, NUM_THREADS // 32 * head_size) * 4
+
+
+def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
+                   block_size: int, head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
+    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; single pass or partitioned
+    by vLLM's rule: the single pass when max_len <= 8192 and (one partition, or more than 512
+    thread blocks in the single-pass grid), else partitioned. The rule's comment gives the
+    reasons: one partition needs no reduce; many sequences or heads already give the GPU
+    enough blocks; above 8192 tokens the logits would crowd shared memory. vLLM writes the
+    block count as num_seqs * num_heads, which it is for v1; for v3 it is S * Hkv * ceil(G /
+    GQA_GROUP). Here also partitioned whenever the single pass's shared memory would not fit."""
+    group = num_heads // num_kv_heads
+    grouped = group > 1
+    single, partitioned = (3, 4) if grouped else (1, 2)
+    blocks = num_seqs * (num_kv_heads * cdiv(group, GQA_GROUP) if grouped else num_heads)
+    use_single = max_len <= SINGLE_PASS_MAX_LEN and (
+        cdiv(max_len, PARTITION_SIZE) == 1 or blocks > SINGLE_PASS_MIN_BLOCKS)
+    if use_single and (static_smem(single, head_size)
+                       + dynamic_smem(single, max_len, block_size, head_size, group)) > smem_limit:
+        use_single = False
+    return single if use_single else partitioned
 
 
 @dataclass(frozen=True)
 class AttentionLaunch:
-    """Everything both backends need to launch one paged attention call."""
+    """Everything both runners need to launch one paged attention call."""
 
     dtype: str
     num_seqs: int        # S
@@ -110,174 +174,127 @@ class AttentionLaunch:
     block_size: int      # BS
     max_blocks: int      # MB
     version: int
-    max_partitions: int  # P (v2), 1 for v1
+    max_partitions: int  # P (partitioned versions), 1 otherwise
     smem: int            # dynamic shared memory of the main kernel, bytes
-    reduce_smem: int     # v2 reduce kernel, bytes
+    reduce_smem: int     # the reduce kernel's (partitioned versions), bytes
     scale: float
 
+    @property
+    def partitioned(self) -> bool:
+        return self.version in (2, 4)
 
-def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale,
-                          version, backend) -> AttentionLaunch:
-    """Validate everything the kernel will trust; return the launch geometry.
+    @property
+    def chunks(self) -> list[tuple[int, int]]:
+        """Sequence ranges [start, stop) of at most MAX_GRID_YZ rows: one launch each."""
+        return [(a, min(a + MAX_GRID_YZ, self.num_seqs))
+                for a in range(0, self.num_seqs, MAX_GRID_YZ)]
 
-    Raises ValueError / TypeError naming the argument, its value and what was expected."""
-    _check_backend(backend)
-    if version not in (1, 2):
-        raise ValueError(f"version={version!r}; expected 1 (one thread block per head and "
-                         "sequence) or 2 (partitions of 512 tokens plus a reduce kernel)")
-    _check_array("query", query, 3, backend)
-    _check_array("key_cache", key_cache, 4, backend)
-    _check_array("value_cache", value_cache, 4, backend)
-    _check_array("block_tables", block_tables, 2, backend)
-    _check_array("seq_lens", seq_lens, 1, backend)
-    dt = _check_float("query", query)
-    for name, a in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if _dtype_name(a) != dt:
-            raise TypeError(f"{name}.dtype is {_dtype_name(a)} but query.dtype is {dt}; "
-                            "they must match")
+    def grid(self, rows: int) -> tuple[int, int, int]:
+        """The main kernel's grid for a chunk of `rows` sequences: v0 one thread per row of
+        rows * H (x only); the others (Hkv * ceil(G / GROUP), rows, P): (H, rows, P) for
+        v1, v2 (GROUP = 1), one block per KV head and 8 query heads for v3, v4."""
+        if self.version == 0:
+            return (cdiv(rows * self.num_heads, NUM_THREADS), 1, 1)
+        group = self.num_heads // self.num_kv_heads
+        return (self.num_kv_heads * cdiv(group, GROUPS[self.version]), rows,
+                self.max_partitions)
+
+    def reduce_grid(self, rows: int) -> tuple[int, int, int]:
+        return (self.num_heads, rows, 1)
+
+
+def _check_caches(key_cache: Any, value_cache: Any, backend: str) -> tuple[int, int, int, int]:
+    """The NumPy paged attention's cache checks, with its messages, then the kernels' own."""
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_type(name, c, backend)
+        if c.ndim != 4:
+            raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape "
+                             f"{tuple(c.shape)}")
     if tuple(key_cache.shape) != tuple(value_cache.shape):
-        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)} but value_cache has "
-                         f"{tuple(value_cache.shape)}; both must be [NB, Hkv, BS, D]")
-    for name, a in (("key_cache", key_cache), ("value_cache", value_cache)):
-        _check_aligned(name, a)
-    s, h, d = (int(x) for x in query.shape)
-    nb, hkv, bs, dk = (int(x) for x in key_cache.shape)
-    if dk != d:
-        raise ValueError(f"key_cache head size (last dim) is {dk} but query's is {d}")
+        raise ValueError(f"key_cache.shape={tuple(key_cache.shape)} != value_cache.shape="
+                         f"{tuple(value_cache.shape)}; expected both [NB, Hkv, BS, D]")
+    if key_cache.dtype != value_cache.dtype:
+        raise TypeError(f"key_cache.dtype={np.dtype(key_cache.dtype)} != "
+                        f"value_cache.dtype={np.dtype(value_cache.dtype)}")
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_float(name, c)
+        if not c.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (the one cache layout "
+                             "[NB, Hkv, BS, D]); got a strided view")
+    nb, hkv, bs, d = (int(x) for x in key_cache.shape)
+    if min(nb, hkv, bs, d) < 1:
+        raise ValueError(f"key_cache.shape={tuple(key_cache.shape)} has an empty dimension")
     if d not in HEAD_SIZES:
         raise ValueError(f"head size D={d} has no compiled kernel; built for {HEAD_SIZES}")
     if bs not in BLOCK_SIZES:
         raise ValueError(f"block size BS={bs} (key_cache.shape[2]) has no compiled kernel; "
                          f"built for {BLOCK_SIZES}")
-    if hkv < 1 or h % hkv != 0:
-        raise ValueError(f"query has H={h} heads, not a multiple of the caches' Hkv={hkv} KV "
-                         "heads (GQA needs H = Hkv * group size)")
-    _check_int("block_tables", block_tables, ("int32",))
-    _check_int("seq_lens", seq_lens, ("int32",))
-    if block_tables.shape[0] != s:
-        raise ValueError(f"block_tables has {block_tables.shape[0]} rows; expected S={s} "
-                         "(one per sequence of query)")
-    if seq_lens.shape[0] != s:
-        raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries; expected S={s}")
-    mb = int(block_tables.shape[1])
-    lens = _to_host(seq_lens).astype(np.int64)
-    tables = _to_host(block_tables)
-    for i, n in enumerate(lens):
-        if n < 1:
-            raise ValueError(f"seq_lens[{i}] = {n}; every sequence needs at least one token")
-        if n > mb * bs:
-            raise ValueError(f"seq_lens[{i}] = {n} does not fit in its block table: MB={mb} "
-                             f"blocks of BS={bs} hold {mb * bs} tokens")
-        used = tables[i, : -(-int(n) // bs)]
-        bad = np.flatnonzero((used < 0) | (used >= nb))
-        if bad.size:
-            j = int(bad[0])
-            raise ValueError(f"block_tables[{i}, {j}] = {int(used[j])} is out of range "
-                             f"[0, NB={nb}) inside seq_lens[{i}]={n}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale={scale}; expected a finite number (default 1/sqrt(D))")
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_aligned(name, c)
+    return nb, hkv, bs, d
+
+
+def _check_query(query: Any, key_cache: Any, backend: str) -> tuple[int, int]:
+    """The NumPy paged attention's query checks, with its messages; returns (S, H)."""
+    _check_type("query", query, backend)
+    if query.ndim != 3:
+        raise ValueError(f"query must be [S, H, D] (3-D), got shape {tuple(query.shape)}")
+    _check_float("query", query)
+    if query.dtype != key_cache.dtype:
+        raise TypeError(f"query.dtype={np.dtype(query.dtype)} != "
+                        f"key_cache.dtype={np.dtype(key_cache.dtype)}")
+    s, h, d = (int(x) for x in query.shape)
+    _, hkv, _, dk = (int(x) for x in key_cache.shape)
+    if d != dk:
+        raise ValueError(f"query.shape[2]={d} is the head size; key_cache has D={dk} "
+                         f"(key_cache.shape={tuple(key_cache.shape)})")
+    if h < 1 or h % hkv:
+        raise ValueError(f"H={h} query heads is not a multiple of Hkv={hkv} KV heads "
+                         "(key_cache.shape[1])")
+    _check_contiguous("query", query)
+    return s, h
+
+
+def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale,
+                          version, backend, smem_limit: int = SMEM_LIMIT_SM90) -> AttentionLaunch:
+    """Validate everything the kernel will trust; choose the version; return the geometry.
+
+    ``version``: None chooses (choose_version), or an int in VERSIONS forces one. Raises
+    ValueError / TypeError naming the argument, its value and what was expected."""
+    if version is not None:
+        version = check_int("version", version)
+        if version not in VERSIONS:
+            raise ValueError(f"version={version} is not one of {list(VERSIONS)} (or None: "
+                             "chosen by the launch's shape)")
+    _check_backend(backend)
+    nb, hkv, bs, d = _check_caches(key_cache, value_cache, backend)
+    s, h = _check_query(query, key_cache, backend)
+    if backend == "cupy":  # device arrays only (NumPy's checks below take any array-like)
+        _check_type("block_tables", block_tables, backend)
+        _check_type("seq_lens", seq_lens, backend)
+    tables, lens = _check_tables(_to_host(block_tables), _to_host(seq_lens), s, nb, bs)
+    check_scale(scale)
+    # what only the kernels need: int32, contiguous metadata (NumPy accepts any integers)
+    for name, a in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        _check_type(name, a, backend)
+        _check_int(name, a, ("int32",))
+        _check_contiguous(name, a)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     max_len = int(lens.max()) if s else 0
-    if version == 1:
-        # v1 keeps every logit of the longest sequence in shared memory
-        max_partitions, smem, reduce_smem = 1, -(-max_len // bs) * bs * 4, 0
-    else:
-        max_partitions = max(1, -(-max_len // PARTITION_SIZE))
-        smem, reduce_smem = PARTITION_SIZE * 4, max_partitions * 4
-    return AttentionLaunch(dt, s, h, hkv, d, bs, mb, version, max_partitions, smem, reduce_smem,
-                           scale)
-
-
-# ----------------------------------------------------------------------------------------------
-# reshape_and_cache and copy_blocks
-
-
-def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *,
-                            backend) -> tuple[str, int]:
-    """Validate; return (dtype, T)."""
-    _check_backend(backend)
-    _check_array("key", key, 3, backend)
-    _check_array("value", value, 3, backend)
-    _check_array("key_cache", key_cache, 4, backend)
-    _check_array("value_cache", value_cache, 4, backend)
-    _check_array("slot_mapping", slot_mapping, 1, backend)
-    dt = _check_float("key_cache", key_cache)
-    for name, a in (("key", key), ("value", value), ("value_cache", value_cache)):
-        if _dtype_name(a) != dt:
-            raise TypeError(f"{name}.dtype is {_dtype_name(a)} but key_cache.dtype is {dt}; "
-                            "they must match (the kernel copies bits, it does not convert)")
-    _check_writeable("key_cache", key_cache)
-    _check_writeable("value_cache", value_cache)
-    if tuple(key_cache.shape) != tuple(value_cache.shape):
-        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)} but value_cache has "
-                         f"{tuple(value_cache.shape)}; both must be [NB, Hkv, BS, D]")
-    nb, hkv, bs, d = (int(x) for x in key_cache.shape)
-    if tuple(key.shape) != tuple(value.shape):
-        raise ValueError(f"key has shape {tuple(key.shape)} but value has {tuple(value.shape)}")
-    t = int(key.shape[0])
-    if tuple(key.shape[1:]) != (hkv, d):
-        raise ValueError(f"key has shape {tuple(key.shape)}; expected [T, Hkv={hkv}, D={d}] to "
-                         "match the caches")
-    if slot_mapping.shape[0] != t:
-        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries; expected T={t}")
-    _check_int("slot_mapping", slot_mapping, ("int32", "int64"))
-    slots = _to_host(slot_mapping).astype(np.int64)
-    bad = np.flatnonzero(slots >= nb * bs)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"slot_mapping[{i}] = {int(slots[i])} is out of range: NB={nb} blocks "
-                         f"of BS={bs} hold slots 0..{nb * bs - 1} (negative means skip)")
-    valid = slots[slots >= 0]
-    if np.unique(valid).size != valid.size:
-        raise ValueError("slot_mapping names one slot twice; two tokens cannot share a slot "
-                         "(and the kernel's blocks run in no particular order)")
-    return dt, t
-
-
-def check_copy_blocks(key_cache, value_cache, block_mapping, *, backend) -> tuple[str, np.ndarray]:
-    """Validate; return (dtype, mapping as int64 [N, 2] on the host)."""
-    _check_backend(backend)
-    _check_array("key_cache", key_cache, 4, backend)
-    _check_array("value_cache", value_cache, 4, backend)
-    dt = _check_float("key_cache", key_cache)
-    if _dtype_name(value_cache) != dt:
-        raise TypeError(f"value_cache.dtype is {_dtype_name(value_cache)} but key_cache.dtype "
-                        f"is {dt}; they must match")
-    if tuple(key_cache.shape) != tuple(value_cache.shape):
-        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)} but value_cache has "
-                         f"{tuple(value_cache.shape)}; both must be [NB, Hkv, BS, D]")
-    _check_writeable("key_cache", key_cache)
-    _check_writeable("value_cache", value_cache)
-    nb = int(key_cache.shape[0])
-    if hasattr(block_mapping, "shape"):  # a NumPy or CuPy array
-        m = _to_host(block_mapping)
-        if m.dtype.kind not in "iu":
-            raise TypeError(f"block_mapping.dtype is {m.dtype}; expected an integer array [N, 2]")
-        m = m.astype(np.int64)
-    else:
-        pairs = list(block_mapping)
-        for i, p in enumerate(pairs):
-            if (not isinstance(p, (tuple, list)) or len(p) != 2
-                    or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-                               for x in p)):
-                raise TypeError(f"block_mapping[{i}] = {p!r}; expected a (src, dst) pair of ints")
-        m = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
-    if m.ndim != 2 or m.shape[1] != 2:
-        raise ValueError(f"block_mapping has shape {m.shape}; expected [N, 2] (src, dst) pairs")
-    bad = np.argwhere((m < 0) | (m >= nb))
-    if bad.size:
-        i, j = (int(x) for x in bad[0])
-        raise ValueError(f"block_mapping[{i}, {j}] = {int(m[i, j])} is out of range [0, NB={nb})")
-    srcs, dsts = m[:, 0], m[:, 1]
-    if np.unique(dsts).size != dsts.size:
-        raise ValueError("block_mapping writes one destination block twice")
-    overlap = np.intersect1d(srcs, dsts)
-    if overlap.size:
-        raise ValueError(f"block_mapping uses block {int(overlap[0])} both as a source and as a "
-                         "destination; the copies run in no particular order, so that is "
-                         "ambiguous")
-    return dt, np.ascontiguousarray(m)
-
-
+    if version is None:
+        version = choose_version(s, h, hkv, max_len, bs, d, smem_limit) if s else 1
+    partitioned = version in (2, 4)
+    partitions = cdiv(max_len, PARTITION_SIZE) if partitioned else 1
+    if partitions > MAX_GRID_YZ:
+        raise ValueError(f"seq_lens up to {max_len} make {partitions} partitions of "
+                         f"{PARTITION_SIZE} tokens; gridDim.z allows at most {MAX_GRID_YZ}")
+    smem = dynamic_smem(version, max_len, bs, d, h // hkv)
+    needed = static_smem(version, d) + smem
+    if needed > smem_limit:
+        raise ValueError(
+            f"version={version} keeps every logit of the longest sequence (seq_lens up to "
+            f"{max_len}) in shared memory: {needed} bytes with its static arrays, above the "
+            f"{smem_limit} a thread block may use; use version={version + 1} (partitions of "
+            f"{PARTITION_SIZE} tokens) or version=None")
+    return AttentionLaunch(_dtype_name(query), s, h, hkv, d, bs, int(tables.shape[1]), version,
+                           partitions, smem, partitions * 4 if partitioned else 0, scale)

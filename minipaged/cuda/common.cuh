@@ -83,28 +83,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the thread block: each warp reduces with shuffles, lane 0 posts its warp's sum to
-// shared memory, and after a barrier every thread adds the NUM_WARPS partial sums in the same
-// order (so every thread gets the same bits). `scratch` holds NUM_WARPS floats.
+// The max of NUM_WARPS per-warp maxima posted in shared memory, read in a fixed order by every
+// thread (so every thread gets the same bits). The second half of a block-wide max.
 template <int NUM_WARPS>
-__device__ __forceinline__ float block_sum(float* scratch, float v) {
-  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < NUM_WARPS; w++) total += scratch[w];
-  return total;
-}
-
-template <int NUM_WARPS>
-__device__ __forceinline__ float block_max(float* scratch, float v) {
-  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = scratch[0];
-  for (int w = 1; w < NUM_WARPS; w++) m = fmaxf(m, scratch[w]);
+__device__ __forceinline__ float head_max(const float* per_warp) {
+  float m = per_warp[0];
+  for (int w = 1; w < NUM_WARPS; w++) m = fmaxf(m, per_warp[w]);
   return m;
 }
 

@@ -17,60 +17,24 @@ Read next: lessons/08_gpu_kernel.py; the benchmark is minipaged/bench/kernel.py.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.cpu_build import (
-    CUDA_DIR,
-    DTYPES,
+from minipaged.cuda.kernels import (
     NUM_THREADS,
-    PARTITION_SIZE,
+    attention_names,
+    cache_names,
+    source,
 )
-
-
-def _expand(name: str, seen: set[str]) -> str:
-    """The source with its local #includes pasted in (once each, as #pragma once would).
-
-    CuPy's on-disk kernel cache is keyed by the source text only; pasting the includes in
-    makes an edit to common.cuh change the key, so a stale binary is never reused."""
-    if name in seen:
-        return ""
-    seen.add(name)
-    out = []
-    for line in (CUDA_DIR / name).read_text().splitlines():
-        m = re.match(r'\s*#include "([^"]+)"', line)
-        if m and m.group(1) != "cuda_emu.h":  # the emulation header is never reached by NVRTC
-            out.append(_expand(m.group(1), seen))
-        elif line.strip() != "#pragma once":
-            out.append(line)
-    return "\n".join(out)
-
-
-@functools.cache
-def source() -> str:
-    seen: set[str] = set()
-    return _expand("paged_attention.cu", seen) + "\n" + _expand("cache_kernels.cu", seen)
-
-
-def _attention_names(dtype: str, head_size: int, block_size: int) -> dict[str, str]:
-    t = DTYPES[dtype]
-    return {
-        "v1": f"mp::paged_attention_kernel<{t}, {head_size}, {block_size}, {NUM_THREADS}, 0>",
-        "v2": f"mp::paged_attention_kernel<{t}, {head_size}, {block_size}, {NUM_THREADS}, "
-              f"{PARTITION_SIZE}>",
-        "reduce": f"mp::paged_attention_v2_reduce_kernel<{t}, {head_size}, {NUM_THREADS}, "
-                  f"{PARTITION_SIZE}>",
-    }
 
 
 @functools.cache
 def attention_kernels(dtype: str, head_size: int, block_size: int) -> dict[str, Any]:
-    """{"v1", "v2", "reduce"} -> cupy.RawKernel, compiled once per (dtype, D, BS)."""
+    """{"v0", "v1", ..., "reduce"} -> cupy.RawKernel, compiled once per (dtype, D, BS)."""
     import cupy
 
-    names = _attention_names(dtype, head_size, block_size)
+    names = attention_names(dtype, head_size, block_size)
     module = cupy.RawModule(code=source(), options=("-std=c++17",),
                             name_expressions=list(names.values()))
     return {key: module.get_function(name) for key, name in names.items()}
@@ -80,9 +44,7 @@ def attention_kernels(dtype: str, head_size: int, block_size: int) -> dict[str, 
 def cache_kernels(dtype: str) -> dict[str, Any]:
     import cupy
 
-    t = DTYPES[dtype]
-    names = {"reshape_and_cache": f"mp::reshape_and_cache_kernel<{t}>",
-             "copy_blocks": f"mp::copy_blocks_kernel<{t}>"}
+    names = cache_names(dtype)
     module = cupy.RawModule(code=source(), options=("-std=c++17",),
                             name_expressions=list(names.values()))
     return {key: module.get_function(name) for key, name in names.items()}
@@ -98,56 +60,67 @@ def device_info() -> str:
     return f"{name} (sm_{props['major']}{props['minor']}, {gib:.0f} GiB)"
 
 
-def _max_dynamic_smem() -> int:
+def smem_limit() -> int:
+    """The most shared memory (static + dynamic) one block may opt in to on this GPU: 227 KiB
+    on an H100/H200, 163 KiB on an A100 (cudaDevAttrMaxSharedMemoryPerBlockOptin)."""
     import cupy
 
-    # the most a kernel may opt in to (227 KiB on H100); 48 KiB without opting in
-    return int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
 
 
-def _static_smem(head_size: int) -> int:
-    # q_s, red_s and out_s of paged_attention_kernel
-    return 4 * (head_size + 2 * (NUM_THREADS // 32) + (NUM_THREADS // 32) * head_size)
+def _allow_smem(kernel: Any, dynamic: int) -> None:
+    """Let `kernel` take `dynamic` bytes of dynamic shared memory, as vLLM does before every
+    launch (csrc/attention/paged_attention_v1.cu sets cudaFuncAttributeMaxDynamicSharedMemory-
+    Size each time). Without it a kernel gets 48 KiB for static + dynamic together, so a launch
+    whose dynamic part alone is under 48 KiB can still fail (v1, D=128, BS=16 from about 11.6K
+    tokens). checks.py has already compared static + dynamic with smem_limit()."""
+    kernel.max_dynamic_shared_size_bytes = dynamic
 
 
-def paged_attention(launch, query, key_cache, value_cache, block_tables, seq_lens):
-    """Run the checked launch (launch.AttentionLaunch) on CuPy arrays; returns out [S, H, D]."""
-    import cupy
+class Prepared:
+    """A checked launch (checks.AttentionLaunch) on CuPy arrays, ready to run: kernels
+    compiled, buffers allocated, scalars converted, one argument list per chunk of at most
+    65,535 sequences. Calling it only launches; it returns out [S, H, D]."""
 
-    kernels = attention_kernels(launch.dtype, launch.head_size, launch.block_size)
-    out = cupy.empty(query.shape, dtype=query.dtype)
-    if launch.num_seqs == 0:
-        return out
-    limit = _max_dynamic_smem() - _static_smem(launch.head_size)
-    if launch.smem > limit:
-        raise ValueError(
-            f"version=1 keeps every logit of the longest sequence in shared memory: "
-            f"{launch.smem} bytes, above this GPU's {limit}; use version=2 (partitions of "
-            f"{PARTITION_SIZE} tokens)")
-    i32, f32 = np.int32, np.float32
-    nothing = cupy.empty(1, dtype=cupy.float32)  # stands for the unused v2 buffers in v1
-    if launch.version == 1:
-        exp_sums = max_logits = tmp_out = nothing
-    else:
-        shape = (launch.num_seqs, launch.num_heads, launch.max_partitions)
-        exp_sums = cupy.empty(shape, cupy.float32)
-        max_logits = cupy.empty(shape, cupy.float32)
-        tmp_out = cupy.empty((*shape, launch.head_size), cupy.float32)
-    main = kernels["v1" if launch.version == 1 else "v2"]
-    if launch.smem > 48 * 1024:  # above 48 KiB a kernel must opt in to more shared memory
-        main.max_dynamic_shared_size_bytes = launch.smem
-    grid = (launch.num_heads, launch.num_seqs, launch.max_partitions)
-    main(grid, (NUM_THREADS,),
-         (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, block_tables,
-          seq_lens, i32(launch.num_kv_heads), i32(launch.max_blocks),
-          i32(launch.max_partitions), f32(launch.scale)),
-         shared_mem=launch.smem)
-    if launch.version == 2:
-        kernels["reduce"]((launch.num_heads, launch.num_seqs, 1), (NUM_THREADS,),
-                          (out, exp_sums, max_logits, tmp_out, seq_lens,
-                           i32(launch.max_partitions)),
-                          shared_mem=launch.reduce_smem)
-    return out
+    def __init__(self, launch, query, key_cache, value_cache, block_tables, seq_lens) -> None:
+        import cupy
+
+        self.launch = launch
+        self.out = cupy.empty(query.shape, dtype=query.dtype)
+        self.calls: list[tuple] = []  # (kernel, grid, args, dynamic shared memory)
+        if launch.num_seqs == 0:
+            return
+        kernels = attention_kernels(launch.dtype, launch.head_size, launch.block_size)
+        i32, f32 = np.int32, np.float32
+        if launch.partitioned:
+            shape = (launch.num_seqs, launch.num_heads, launch.max_partitions)
+            partial = [cupy.empty(shape, cupy.float32), cupy.empty(shape, cupy.float32),
+                       cupy.empty((*shape, launch.head_size), cupy.float32)]
+        else:
+            partial = [cupy.empty(1, cupy.float32)] * 3  # stand-ins for the unused pointers
+        main = kernels[f"v{launch.version}"]
+        for a, b in launch.chunks:
+            rows = b - a
+            e, m, t = (x[a:b] for x in partial) if launch.partitioned else partial
+            data = (query[a:b], key_cache, value_cache, block_tables[a:b], seq_lens[a:b])
+            if launch.version == 0:
+                args = (self.out[a:b], *data, i32(rows), i32(launch.num_heads),
+                        i32(launch.num_kv_heads), i32(launch.max_blocks), f32(launch.scale))
+            else:
+                args = (self.out[a:b], e, m, t, *data, i32(launch.num_heads),
+                        i32(launch.num_kv_heads), i32(launch.max_blocks),
+                        i32(launch.max_partitions), f32(launch.scale))
+            self.calls.append((main, launch.grid(rows), args, launch.smem))
+            if launch.partitioned:
+                self.calls.append((kernels["reduce"], launch.reduce_grid(rows),
+                                   (self.out[a:b], e, m, t, seq_lens[a:b],
+                                    i32(launch.max_partitions)), launch.reduce_smem))
+
+    def __call__(self) -> Any:
+        for kernel, grid, args, smem in self.calls:
+            _allow_smem(kernel, smem)
+            kernel(grid, (NUM_THREADS,), args, shared_mem=smem)
+        return self.out
 
 
 def reshape_and_cache(dtype, key, value, key_cache, value_cache, slot_mapping, threads):

@@ -3,7 +3,7 @@
 What it teaches: the host side of a launch. checks.py validates everything the kernel will
 trust and computes the geometry; then one of two runners launches the same kernel text:
 
-    backend="cpu"   NumPy arrays; the kernels run under the CPU emulation (cpu_build.py)
+    backend="cpu"   NumPy arrays; the kernels run under the CPU emulation (emu/cpu_build.py)
     backend="cupy"  CuPy arrays or torch CUDA tensors (shared through DLPack, no copy); NVRTC
                     compiles the kernels (cupy_runner.py)
 
@@ -19,16 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.checks import (
-    AttentionLaunch,
-    check_copy_blocks,
-    check_paged_attention,
-    check_reshape_and_cache,
-)
-from minipaged.cuda.cpu_build import CACHE_THREADS
+from minipaged.cuda.cache_checks import check_copy_blocks, check_reshape_and_cache
+from minipaged.cuda.checks import AttentionLaunch, check_paged_attention
+from minipaged.cuda.kernels import CACHE_THREADS
 
 __all__ = ["AttentionLaunch", "check_copy_blocks", "check_paged_attention",
-           "check_reshape_and_cache", "copy_blocks", "paged_attention", "reshape_and_cache"]
+           "check_reshape_and_cache", "copy_blocks", "paged_attention",
+           "prepare_paged_attention", "reshape_and_cache"]
 
 
 class _OnGPU:
@@ -78,44 +75,79 @@ class _OnGPU:
 
 def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
                     seq_lens: Any, *, scale: float | None = None, backend: str = "cpu",
-                    version: int = 1) -> Any:
+                    version: int | None = None) -> Any:
     """Decode attention through block tables, on a CUDA kernel. out [S, H, D], query's dtype.
 
     query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int32 [S, MB] (entries
     past a sequence's length are never read); seq_lens int32 [S]. Same contract as
-    minipaged.paged.paged_attention.paged_attention; ``version`` 1 or 2 (see paged_attention.cu)."""
+    minipaged.paged.paged_attention.paged_attention. ``version``: None lets
+    checks.choose_version pick (vLLM's rule), or force one of kernels.VERSIONS."""
     if backend == "cupy" and not isinstance(query, np.ndarray):
-        from minipaged.cuda import cupy_runner
-
         gpu = _OnGPU(query=query, key_cache=key_cache, value_cache=value_cache,
                      block_tables=block_tables, seq_lens=seq_lens)
         with gpu as a:
-            launch = check_paged_attention(**a, scale=scale, version=version, backend=backend)
-            return gpu.result(cupy_runner.paged_attention(launch, **a))
+            run = prepare_paged_attention(**a, scale=scale, backend=backend, version=version)
+            return gpu.result(run())
+    return prepare_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                                   scale=scale, backend=backend, version=version)()
+
+
+def prepare_paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
+                            seq_lens: Any, *, scale: float | None = None, backend: str = "cpu",
+                            version: int | None = None):
+    """Check once and allocate once; return a callable that only launches and returns out.
+
+    What a serving loop would keep between steps of one shape, and what `minipaged bench
+    kernel` times: calling it does no checking, no host copy and no allocation. (CuPy arrays
+    only for backend="cupy"; paged_attention() also takes torch CUDA tensors.)"""
+    if backend == "cupy" and not isinstance(query, np.ndarray):
+        from minipaged.cuda import cupy_runner
+
+        launch = check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                                       scale=scale, version=version, backend=backend,
+                                       smem_limit=cupy_runner.smem_limit())
+        return cupy_runner.Prepared(launch, query, key_cache, value_cache, block_tables,
+                                    seq_lens)
     launch = check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                    scale=scale, version=version, backend=backend)
-    out = np.empty(query.shape, dtype=query.dtype)
-    if launch.num_seqs == 0:
-        return out
-    from minipaged.cuda import cpu_build
+    return _CpuPrepared(launch, query, key_cache, value_cache, block_tables, seq_lens)
 
-    lib = cpu_build.load()
-    fn = getattr(lib, cpu_build.symbol("paged_attention", launch.dtype, launch.head_size,
-                                       launch.block_size))
-    if version == 2:
+
+class _CpuPrepared:
+    """A checked launch on the CPU harness: the entry point and every pointer, per chunk of at
+    most 65,535 sequences (checks.AttentionLaunch.chunks), worked out once."""
+
+    def __init__(self, launch: AttentionLaunch, query, key_cache, value_cache, block_tables,
+                 seq_lens) -> None:
+        self.out = np.empty(query.shape, dtype=query.dtype)
+        self.calls: list[tuple] = []
+        if launch.num_seqs == 0:
+            return
+        from minipaged.cuda.emu import cpu_build
+
+        self.lib = cpu_build.load()
+        self.fn = getattr(self.lib, cpu_build.symbol("paged_attention", launch.dtype,
+                                                     launch.head_size, launch.block_size))
         shape = (launch.num_seqs, launch.num_heads, launch.max_partitions)
-        exp_sums = np.empty(shape, np.float32)
-        max_logits = np.empty(shape, np.float32)
-        tmp_out = np.empty((*shape, launch.head_size), np.float32)
-        ptrs = (exp_sums.ctypes.data, max_logits.ctypes.data, tmp_out.ctypes.data)
-    else:
-        ptrs = (None, None, None)
-    rc = fn(version, out.ctypes.data, *ptrs, query.ctypes.data, key_cache.ctypes.data,
-            value_cache.ctypes.data, block_tables.ctypes.data, seq_lens.ctypes.data,
-            launch.num_seqs, launch.num_heads, launch.num_kv_heads, launch.max_blocks,
-            launch.max_partitions, launch.smem, launch.reduce_smem, launch.scale)
-    cpu_build.check(lib, rc)
-    return out
+        partial = [np.empty(shape, np.float32), np.empty(shape, np.float32),
+                   np.empty((*shape, launch.head_size), np.float32)] if launch.partitioned \
+            else None  # exp_sums, max_logits, tmp_out
+        self.keep = (query, key_cache, value_cache, block_tables, seq_lens, partial)
+        for a, b in launch.chunks:  # rows a..b-1: views into every per-sequence array
+            ptrs = [x[a:b].ctypes.data for x in partial] if partial else [None] * 3
+            self.calls.append((
+                launch.version, self.out[a:b].ctypes.data, *ptrs, query[a:b].ctypes.data,
+                key_cache.ctypes.data, value_cache.ctypes.data, block_tables[a:b].ctypes.data,
+                seq_lens[a:b].ctypes.data, b - a, launch.num_heads, launch.num_kv_heads,
+                launch.max_blocks, launch.max_partitions, *launch.grid(b - a), launch.smem,
+                launch.reduce_smem, launch.scale))
+
+    def __call__(self) -> np.ndarray:
+        from minipaged.cuda.emu import cpu_build
+
+        for args in self.calls:
+            cpu_build.check(self.lib, self.fn(*args))
+        return self.out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +176,7 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
         return
     _, hkv, bs, d = (int(x) for x in key_cache.shape)
     threads = min(CACHE_THREADS, hkv * d)
-    from minipaged.cuda import cpu_build
+    from minipaged.cuda.emu import cpu_build
 
     lib = cpu_build.load()
     slots = np.ascontiguousarray(slot_mapping, dtype=np.int64)
@@ -174,7 +206,7 @@ def copy_blocks(key_cache: Any, value_cache: Any, block_mapping: Any, *,
     dt, m = check_copy_blocks(key_cache, value_cache, block_mapping, backend=backend)
     if m.shape[0] == 0:
         return
-    from minipaged.cuda import cpu_build
+    from minipaged.cuda.emu import cpu_build
 
     lib = cpu_build.load()
     rc = getattr(lib, cpu_build.symbol("copy_blocks", dt))(

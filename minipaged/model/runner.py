@@ -133,7 +133,7 @@ class PagedRunner:
 
     def _setup_cuda(self, block_size: int) -> None:
         from minipaged.cuda import launch
-        from minipaged.cuda.cpu_build import BLOCK_SIZES, DTYPES, HEAD_SIZES
+        from minipaged.cuda.kernels import BLOCK_SIZES, DTYPES, HEAD_SIZES
 
         c = self.model.cfg
         if c.head_dim not in HEAD_SIZES or block_size not in BLOCK_SIZES \
@@ -153,8 +153,12 @@ class PagedRunner:
 
                 self.model = copy.deepcopy(self.model).to(self.device)
 
+        # version=None: the launcher chooses per call (minipaged/cuda/checks.py,
+        # choose_version): the grouped kernels (one block per KV head) whenever the model has
+        # fewer KV heads than query heads, single pass or partitioned by vLLM's rule
         def decode(q, kc, vc, bt, sl, *, scale, method):
-            return launch.paged_attention(q, kc, vc, bt, sl, scale=scale, backend=kernels)
+            return launch.paged_attention(q, kc, vc, bt, sl, scale=scale, backend=kernels,
+                                          version=None)
 
         def prefill(q, kc, vc, bt, sl, ql, *, scale, method):
             # host metadata (the GPU path passes NumPy here and moves the results over)
@@ -168,7 +172,7 @@ class PagedRunner:
             else:
                 q = np.ascontiguousarray(q)
             return launch.paged_attention(q, kc, vc, tables, lens, scale=scale,
-                                          backend=kernels)
+                                          backend=kernels, version=None)
 
         self._decode_attn, self._prefill_attn = decode, prefill
         self._write = lambda k, v, kc, vc, slots: launch.reshape_and_cache(

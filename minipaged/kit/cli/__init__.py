@@ -413,8 +413,26 @@ def _present(sub) -> None:
     path(p, "--figures-dir", output_dir, "where the figures live (unset: slides/figures)")
 
 
+def _run_gpu_check(args) -> int:
+    from minipaged.cuda import gpu_check  # the command's logic lives with the kernels
+
+    return gpu_check.main(["--out", args.out])
+
+
+def _gpu_check(sub) -> None:
+    p = command(sub, "gpu-check", "with an NVIDIA GPU and CuPy: check every CUDA kernel, probe "
+                "its limits, measure its bandwidth, write a JSON report (exit 3 without a GPU)",
+                "On a machine with an NVIDIA GPU and CuPy: print the device, CuPy and NVRTC\n"
+                "versions and each kernel's registers and occupancy; check every kernel version\n"
+                "against the NumPy oracle; probe the launch limits; measure K/V bandwidth\n"
+                "against a device-to-device copy; write a JSON report. Without a GPU it says so\n"
+                "in one line and exits with status 3.",
+                _run_gpu_check)
+    path(p, "--out", output_file, "where to write the JSON report", default="gpu-check.json")
+
+
 COMMANDS = (_demo, _kv_calc, _simulate, _experiment, _factcheck, _bench, _generate, _train,
-            _check, _quiz, _present)
+            _check, _quiz, _present, _gpu_check)
 
 
 def build_parser() -> Parser:

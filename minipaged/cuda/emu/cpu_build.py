@@ -4,6 +4,7 @@ What it teaches: that a CUDA kernel is just C++ with a particular execution mode
 text that NVRTC compiles for the GPU (minipaged/cuda/cupy_runner.py) is compiled here by an
 ordinary C++20 compiler; cuda_emu.h supplies threadIdx, __syncthreads(), shuffles, __half and a
 launcher that runs every CUDA thread as a fiber. Read cuda_emu.h for the model and its limits.
+This folder (minipaged/cuda/emu/) is the harness: a tool that runs the lesson, not the lesson.
 
 The library is built once per source text: its file name is the SHA-256 of the sources, the
 generated wrapper, the compiler's version and the flags, under a per-user cache directory
@@ -15,11 +16,11 @@ Build variants:
     sanitize=True   AddressSanitizer + UndefinedBehaviorSanitizer (-O0 -g). Needs the ASan
                     runtime loaded first in the process: run Python under
                     ``LD_PRELOAD=$(g++ -print-file-name=libasan.so)`` (see sanitize_env()).
-                    It also carries a deliberate out-of-bounds read in paged_attention, armed
-                    by mp_arm_planted_bug(1): the sanitizer test's proof that ASan is watching.
                     MINIPAGED_SANITIZE=1 makes load() return this build.
     ucontext=True   use the portable ucontext fiber switch instead of the x86-64 one.
-Read next: launch.py (the Python launchers that call into this library).
+    extra_sources   more .cu files compiled into the library (the sanitizer test adds one with
+                    a deliberate bug, tests/cuda/planted_oob.cu, to prove ASan is watching).
+Read next: minipaged/cuda/launch.py (the Python launchers that call into this library).
 """
 
 from __future__ import annotations
@@ -36,45 +37,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-CUDA_DIR = Path(__file__).resolve().parent
-SOURCES = ("emu_fibers.h", "emu_half.h", "cuda_emu.h", "common.cuh", "paged_attention.cu",
-           "cache_kernels.cu", "broken_kernels.cu")
+from minipaged.cuda.kernels import (
+    ALL_INSTANTIATIONS,
+    CUDA_DIR,
+    DTYPES,
+    GQA_GROUP,
+    KERNEL_FILES,
+    NUM_THREADS,
+    PARTITION_SIZE,
+    Instantiation,
+)
 
-# The instantiations: every (dtype, head size, block size) a launcher can call. Adding one here
-# adds it to the CPU library, to the NVRTC name list and to the nvcc -ptx check alike.
-DTYPES = {"float32": "float", "float16": "__half"}
-HEAD_SIZES = (16, 64, 128)  # 16: the shipped tiny model (minipaged/model); 64, 128: real LLMs
-BLOCK_SIZES = (8, 16, 32)
-NUM_THREADS = 128
-PARTITION_SIZE = 512
-CACHE_THREADS = 256
-
-
-def kernel_names(instantiations: tuple[Instantiation, ...] | None = None) -> list[str]:
-    """C++ names of every __global__ instantiation: NVRTC's name expressions (cupy_runner.py)
-    and what the nvcc -ptx check instantiates."""
-    names = []
-    for dtype, d, bs in instantiations or ALL_INSTANTIATIONS:
-        t = DTYPES[dtype]
-        for p in (0, PARTITION_SIZE):
-            names.append(f"mp::paged_attention_kernel<{t}, {d}, {bs}, {NUM_THREADS}, {p}>")
-    for dtype in DTYPES:
-        t = DTYPES[dtype]
-        for d in HEAD_SIZES:
-            names.append(f"mp::paged_attention_v2_reduce_kernel<{t}, {d}, {NUM_THREADS}, "
-                         f"{PARTITION_SIZE}>")
-        names.append(f"mp::reshape_and_cache_kernel<{t}>")
-        names.append(f"mp::copy_blocks_kernel<{t}>")
-    return names
-
-
-def nvcc_source() -> str:
-    """One CUDA file that instantiates every kernel (taking a kernel's address instantiates it),
-    for ``nvcc -ptx -I minipaged/cuda``."""
-    lines = ['#include "paged_attention.cu"', '#include "cache_kernels.cu"',
-             "void* mp_every_kernel[] = {"]
-    lines += [f"    (void*)&{name}," for name in kernel_names()]
-    return "\n".join(lines + ["};", ""])
+EMU_DIR = Path(__file__).resolve().parent
+SOURCES = (EMU_DIR / "emu_fibers.h", EMU_DIR / "emu_half.h", EMU_DIR / "cuda_emu.h",
+           EMU_DIR / "broken_kernels.cu", CUDA_DIR / "common.cuh",
+           *(CUDA_DIR / name for name in KERNEL_FILES))
 
 
 class CompilerNotFoundError(RuntimeError):
@@ -134,19 +111,11 @@ def symbol(kind: str, dtype: str, head_size: int = 0, block_size: int = 0) -> st
     return f"mp_{kind}_{dtype}"
 
 
-Instantiation = tuple[str, int, int]  # (dtype, head size, block size)
-ALL_INSTANTIATIONS: tuple[Instantiation, ...] = tuple(
-    (dt, d, bs) for dt in DTYPES for d in HEAD_SIZES for bs in BLOCK_SIZES)
-
-
 def _common_entry_points() -> list[str]:
     out = [
         'extern "C" const char* mp_last_error() { return emu::error_message(); }',
         'extern "C" int mp_fast_switch() { return EMU_FAST_SWITCH; }',
         'extern "C" int mp_sanitized() { return EMU_ASAN; }',
-        "#ifdef MINIPAGED_PLANT_OOB",
-        'extern "C" void mp_arm_planted_bug(int on) { mp::plant_oob_armed = on; }',
-        "#endif",
         'extern "C" void mp_trace_start(long long capacity) {',
         "  emu::rt().trace.clear(); emu::rt().trace_capacity = (size_t)capacity; }",
         'extern "C" long long mp_trace_count() { return (long long)emu::rt().trace.size(); }',
@@ -186,30 +155,35 @@ def _common_entry_points() -> list[str]:
 
 
 def _attention_entry_point(dtype: str, d: int, bs: int) -> list[str]:
-    p, nt, ctype = PARTITION_SIZE, NUM_THREADS, DTYPES[dtype]
-    return [
+    """One C function per (dtype, D, BS) that launches any version; the grid comes from
+    checks.AttentionLaunch, the one place that computes launch geometry for both runners."""
+    p, nt, g, ctype = PARTITION_SIZE, NUM_THREADS, GQA_GROUP, DTYPES[dtype]
+    args = ("o, exp_sums, max_logits, tmp_out, qq, kk, vv, block_tables, seq_lens, num_heads, "
+            "num_kv_heads, max_blocks, max_partitions, scale")
+    out = [
         f'extern "C" int {symbol("paged_attention", dtype, d, bs)}(',
         "    int version, void* out, float* exp_sums, float* max_logits, float* tmp_out,",
         "    const void* q, const void* k, const void* v, const int* block_tables,",
         "    const int* seq_lens, int num_seqs, int num_heads, int num_kv_heads,",
-        "    int max_blocks, int max_partitions, long long smem, long long reduce_smem,"
-        " float scale) {",
+        "    int max_blocks, int max_partitions, int gx, int gy, int gz, long long smem,",
+        "    long long reduce_smem, float scale) {",
         f"  using T = {ctype};",
         "  T* o = (T*)out; const T* qq = (const T*)q;",
         "  const T* kk = (const T*)k; const T* vv = (const T*)v;",
-        "  if (version == 1)",
-        f"    return emu::launch(dim3(num_heads, num_seqs, 1), dim3({nt}), smem, [&] {{",
-        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, 0>(o, exp_sums, max_logits,"
-        " tmp_out,",
-        "          qq, kk, vv, block_tables, seq_lens, num_kv_heads, max_blocks,"
-        " max_partitions, scale); });",
-        "  int rc = emu::launch(dim3(num_heads, num_seqs, max_partitions),"
-        f" dim3({nt}), smem, [&] {{",
-        f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, {p}>(o, exp_sums, max_logits,"
-        " tmp_out,",
-        "          qq, kk, vv, block_tables, seq_lens, num_kv_heads, max_blocks,"
-        " max_partitions, scale); });",
-        "  if (rc) return rc;",
+        "  const dim3 grid(gx, gy, gz);",
+        "  int rc = 1;",
+        "  if (version == 0)",
+        f"    return emu::launch(grid, dim3({nt}), 0, [&] {{",
+        f"      mp::paged_attention_v0_kernel<T, {d}, {bs}>(o, qq, kk, vv, block_tables,",
+        "          seq_lens, num_seqs, num_heads, num_kv_heads, max_blocks, scale); });",
+    ]
+    for version, group, part in ((1, 1, 0), (2, 1, p), (3, g, 0), (4, g, p)):
+        out += [f"  if (version == {version})",
+                f"    rc = emu::launch(grid, dim3({nt}), smem, [&] {{",
+                f"      mp::paged_attention_kernel<T, {d}, {bs}, {nt}, {group}, {part}>({args});"
+                " });"]
+    return out + [
+        "  if (rc || version == 1 || version == 3) return rc;",
         f"  return emu::launch(dim3(num_heads, num_seqs, 1), dim3({nt}), reduce_smem, [&] {{",
         f"      mp::paged_attention_v2_reduce_kernel<T, {d}, {nt}, {p}>(o, exp_sums, max_logits,",
         "          tmp_out, seq_lens, max_partitions); });",
@@ -218,20 +192,20 @@ def _attention_entry_point(dtype: str, d: int, bs: int) -> list[str]:
 
 
 def wrapper_sources(instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS,
-                    parts: int = 1) -> list[str]:
+                    parts: int = 1, extra_sources: tuple[Path, ...] = ()) -> list[str]:
     """C++ translation units that include the kernels and export one C function per
     instantiation (split into `parts` files that compile in parallel). Only the first defines
-    the context-switch routine and the common entry points."""
+    the context-switch routine and the common entry points, and includes ``extra_sources``."""
     parts = max(1, min(parts, len(instantiations) or 1))
     units = []
     for i in range(parts):
-        out = ["// generated by minipaged/cuda/cpu_build.py: C entry points for ctypes"]
+        out = ["// generated by minipaged/cuda/emu/cpu_build.py: C entry points for ctypes"]
         if i > 0:
             out.append("#define EMU_NO_SWITCH_DEFINITION  // defined once, in part 0")
-        out += ['#include "paged_attention.cu"', '#include "cache_kernels.cu"']
+        out += [f'#include "{name}"' for name in KERNEL_FILES]
         if i == 0:
             out.append('#include "broken_kernels.cu"')
-        if i == 0:
+            out += [f'#include "{Path(x).resolve()}"' for x in extra_sources]
             out += _common_entry_points()
         for dtype, d, bs in instantiations[i::parts]:
             out += _attention_entry_point(dtype, d, bs)
@@ -246,10 +220,9 @@ def _flags(sanitize: bool, ucontext: bool) -> list[str]:
              "-fvisibility=hidden", "-w"]
     # -fvisibility=hidden: only the extern "C" entry points (marked default) are exported
     if sanitize:
-        # -O0: the sanitizers' instrumentation makes -O1 builds take 5x longer to compile;
-        # MINIPAGED_PLANT_OOB compiles in the planted bug, inert until mp_arm_planted_bug(1)
+        # -O0: the sanitizers' instrumentation makes -O1 builds take 5x longer to compile
         flags += ["-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                  "-fno-omit-frame-pointer", "-DMINIPAGED_PLANT_OOB"]
+                  "-fno-omit-frame-pointer"]
     else:
         flags += ["-O2"]
     if ucontext:
@@ -258,15 +231,16 @@ def _flags(sanitize: bool, ucontext: bool) -> list[str]:
 
 
 def library_path(*, sanitize: bool = False, ucontext: bool = False,
-                 instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> Path:
+                 instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS,
+                 extra_sources: tuple[Path, ...] = ()) -> Path:
     """Build (if not cached) and return the path of the shared library for this variant."""
     cxx, version = compiler()
     flags = _flags(sanitize, ucontext)
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update(name.encode() + b"\0" + (CUDA_DIR / name).read_bytes() + b"\0")
+    for path in (*SOURCES, *extra_sources):
+        h.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
     parts = max(1, min(4, os.cpu_count() or 1))
-    units = wrapper_sources(instantiations, parts=parts)
+    units = wrapper_sources(instantiations, parts=parts, extra_sources=extra_sources)
     for text in units:
         h.update(text.encode() + b"\0")
     h.update(version.encode() + b"\0" + " ".join(flags).encode())
@@ -279,7 +253,8 @@ def library_path(*, sanitize: bool = False, ucontext: bool = False,
         for i, text in enumerate(units):  # compile the parts in parallel, then link
             src, obj = Path(tmp) / f"part{i}.cpp", Path(tmp) / f"part{i}.o"
             src.write_text(text)
-            cmd = [cxx, *flags, "-c", "-I", str(CUDA_DIR), str(src), "-o", str(obj)]
+            cmd = [cxx, *flags, "-c", "-I", str(CUDA_DIR), "-I", str(EMU_DIR), str(src), "-o",
+                   str(obj)]
             procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                 stderr=subprocess.PIPE, text=True)))
             objs.append(str(obj))
@@ -307,16 +282,19 @@ def sanitizing() -> bool:
 
 
 def load(*, ucontext: bool = False,
-         instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS) -> ctypes.CDLL:
+         instantiations: tuple[Instantiation, ...] = ALL_INSTANTIATIONS,
+         extra_sources: tuple[Path, ...] = ()) -> ctypes.CDLL:
     """The loaded library (built on first use), with argument types declared. The sanitizer
     build when MINIPAGED_SANITIZE=1 (run the process under sanitize_env())."""
-    return _load(sanitizing(), ucontext, instantiations)
+    return _load(sanitizing(), ucontext, instantiations, tuple(extra_sources))
 
 
 @functools.cache
-def _load(sanitize: bool, ucontext: bool, instantiations: tuple[Instantiation, ...]) -> ctypes.CDLL:
+def _load(sanitize: bool, ucontext: bool, instantiations: tuple[Instantiation, ...],
+          extra_sources: tuple[Path, ...]) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library_path(sanitize=sanitize, ucontext=ucontext,
-                                       instantiations=instantiations)))
+                                       instantiations=instantiations,
+                                       extra_sources=extra_sources)))
     lib.mp_last_error.restype = ctypes.c_char_p
     lib.mp_trace_start.argtypes = [_LL]
     lib.mp_trace_count.restype = _LL
@@ -328,7 +306,7 @@ def _load(sanitize: bool, ucontext: bool, instantiations: tuple[Instantiation, .
     for dtype, d, bs in instantiations:
         fn = getattr(lib, symbol("paged_attention", dtype, d, bs))
         fn.argtypes = [_I, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP,
-                       _I, _I, _I, _I, _I, _LL, _LL, _F]
+                       _I, _I, _I, _I, _I, _I, _I, _I, _LL, _LL, _F]
     for dtype in DTYPES:
         getattr(lib, symbol("reshape_and_cache", dtype)).argtypes = [
             _VP, _VP, _VP, _VP, _VP, _I, _I, _I, _I, _I]

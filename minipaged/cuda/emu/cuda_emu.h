@@ -377,6 +377,15 @@ int launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, F&& body) {
     r.error = "blockDim has " + std::to_string(nthreads) + " threads; CUDA allows 1 to 1024";
     return 1;
   }
+  // CUDA's grid limits (every GPU since compute capability 3.0): x up to 2^31 - 1, y and z up
+  // to 65535. A launch beyond them fails on a GPU, so it fails here too.
+  if (grid.x < 1 || grid.x > 2147483647u || grid.y < 1 || grid.y > 65535 || grid.z < 1 ||
+      grid.z > 65535) {
+    r.failed = true;
+    r.error = "gridDim (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " +
+              std::to_string(grid.z) + ") is outside CUDA's limits (x <= 2^31-1, y, z <= 65535)";
+    return 1;
+  }
   fiber::ensure_stacks((int)nthreads);
   r.fibers.assign((size_t)nthreads, Fiber{});
   r.warps.assign((size_t)((nthreads + 31) / 32), WarpShuffle{});

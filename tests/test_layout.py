@@ -1,0 +1,129 @@
+"""The layout is part of the lesson: stages in reading order, imports that only look back.
+
+Checks, against the one map in ``minipaged/__init__.py`` (``READING_ORDER``):
+  * a core module imports only modules that come before it in the reading order (and
+    ``_checks``); the core never imports ``sim/``, ``cuda/``, ``model/`` or ``kit/``; ``sim``,
+    ``cuda``, ``model`` and ``kit`` follow in that order;
+  * every core module's docstring says ``Read next: ``<the next module>``, so the links form one
+    path through the core;
+  * the package docstring and the README's course map list the core modules in that order;
+  * no core file is over 300 lines and the core path stays within its 2,700-line budget.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import minipaged
+
+PKG = Path(minipaged.__file__).resolve().parent
+ROOT = PKG.parent
+ORDER = list(minipaged.READING_ORDER)
+LATER = ["sim", "cuda", "model", "kit"]  # after the core, in this order
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["minipaged", *parts])
+
+
+def rank(name: str) -> tuple[int, int] | None:
+    """(0, i) for the i-th core module, (1, j) for the j-th later area, None if exempt."""
+    rel = name.removeprefix("minipaged").lstrip(".")
+    if rel in ("", "_checks"):
+        return None
+    path = rel.replace(".", "/") + ".py"
+    if path in ORDER:
+        return (0, ORDER.index(path))
+    top = rel.split(".")[0]
+    if top in LATER:
+        return (1, LATER.index(top))
+    return None  # a package __init__ of a stage, or a re-export shim of an old path
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):  # function-level (lazy) imports count too
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            for a in node.names:  # "from minipaged.paged import cache_ops"
+                names.add(f"{node.module}.{a.name}")
+    return {n for n in names if n == "minipaged" or n.startswith("minipaged.")}
+
+
+def resolve(name: str) -> str | None:
+    """The module file a dotted name refers to (a package resolves to its __init__)."""
+    rel = name.removeprefix("minipaged").lstrip(".").replace(".", "/")
+    for cand in (PKG / f"{rel}.py", PKG / rel / "__init__.py"):
+        if rel and cand.exists():
+            return module_name(cand)
+    return None
+
+
+def test_reading_order_names_real_files():
+    assert len(ORDER) == len(set(ORDER))
+    for rel in ORDER:
+        assert (PKG / rel).is_file(), rel
+
+
+def test_imports_only_look_back():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        me = rank(module_name(path))
+        if me is None:
+            continue
+        for name in imported_modules(path):
+            target = resolve(name)
+            if target is None:
+                continue
+            other = rank(target)
+            if other is None:
+                continue
+            if other > me or (other == me and me[0] == 0):
+                bad.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not bad, "imports that look forward:\n" + "\n".join(bad)
+
+
+def read_next(path: Path) -> str | None:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    m = re.search(r"Read next:\s*``([^`]+)``", doc)
+    return m.group(1) if m else None
+
+
+@pytest.mark.parametrize("i", range(len(ORDER)))
+def test_read_next_links_form_one_path(i):
+    want = ORDER[i + 1] if i + 1 < len(ORDER) else minipaged.READ_AFTER_CORE
+    assert read_next(PKG / ORDER[i]) == want, (
+        f"{ORDER[i]}: its docstring must say Read next: ``{want}``")
+
+
+def positions(text: str) -> list[str]:
+    """The core modules in the order a text first mentions them."""
+    found = {rel: text.find(rel) for rel in ORDER if rel in text}
+    return sorted(found, key=found.get)
+
+
+def test_package_map_and_readme_follow_the_order():
+    assert positions(minipaged.__doc__) == ORDER
+    readme = (ROOT / "README.md").read_text()
+    course = readme[readme.index("## The course"):]
+    course = course[:course.index("\n## ", 3)]
+    assert positions(course) == ORDER
+
+
+def test_core_budgets():
+    lines = {rel: len((PKG / rel).read_text().splitlines()) for rel in ORDER}
+    lines["_checks.py"] = len((PKG / "_checks.py").read_text().splitlines())
+    too_long = {rel: n for rel, n in lines.items() if n > 300}
+    assert not too_long, f"core files over 300 lines: {too_long}"
+    assert sum(lines.values()) <= 2700, f"core path is {sum(lines.values())} lines (> 2,700)"
