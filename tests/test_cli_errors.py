@@ -180,6 +180,14 @@ CASES: list[tuple[str, str]] = [
     (f"present {DECK} --slide 0", "--slide=0 must be >= 1"),
     (f"present {DECK} --slide 999", "--slide 999 is outside 1.."),
     ("present --check-figures --figures-dir {file}", "is a file; expected a directory"),
+    # gpu-check
+    ("gpu-check --out {missing}/report.json", "is in a folder that does not exist"),
+    ("gpu-check --out {dir}", "is a directory; expected a file name to write"),
+    # generate --model (a Hugging Face directory)
+    ("generate --model {missing} hi", "does not exist; expected an existing directory"),
+    ("generate --model {file} hi", "is a file; expected a directory"),
+    ("generate --kv-cache-gb 0 hi", "--kv-cache-gb=0.0 must be > 0"),
+    ("generate --chat hi", "need --model"),
 ]
 TORCH = ("generate", "train", "bench generate")
 
