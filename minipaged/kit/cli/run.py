@@ -14,6 +14,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+from minipaged._install import TORCH_HINT  # the install hint, one text for every command
+
 # ---- errors and sizes --------------------------------------------------------------------------
 
 
@@ -397,9 +399,6 @@ examples:
       --block-size 4 --preemption swap      (a pool too small for both: watch the preemptions)
 """
 
-TORCH_HINT = ("needs torch; from a checkout: python -m pip install torch --index-url "
-              "https://download.pytorch.org/whl/cpu (the CPU wheel), then python -m pip "
-              "install -e '.[torch]'")
 
 
 def _escape(text: str) -> str:
