@@ -14,6 +14,7 @@ Liberation Sans both have (``GLYPHS``); marks such as a copy-on-write copy are d
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -31,7 +32,7 @@ TEXT_ON = {"#0072B2": PAPER, "#E69F00": INK, "#009E73": PAPER, "#CC79A7": INK,
            "#b8b8b8": INK, "#9ecae9": INK, PAPER: INK}
 SHARED = "#333333"      # the slots of a block that several sequences share
 KEPT = "#b8b8b8"        # the slots of a free block whose K/V a prefix cache keeps
-HASH_MARK = "#CC79A7"   # the dot on a block that carries a prefix hash
+HASH_MARK = INK         # the dot on a block that carries a prefix hash
 COPY_MARK = "#D55E00"   # the dashed outline of a copy-on-write copy
 # The paper's Fig. 2 categories (``contiguous/usage.py``), colour and short name.
 CATEGORIES = (("token", "#0072B2", "token states"), ("reserved", "#9ecae9", "reserved"),
@@ -44,6 +45,15 @@ CATEGORIES = (("token", "#0072B2", "token states"), ("reserved", "#9ecae9", "res
 class Drawing:
     svg: str
     text: str
+
+
+def twin(lines: list[str]) -> str:
+    """The plain-text twin: lines as given, long ones wrapped for an 100-column terminal."""
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        out += textwrap.wrap(line, 96, subsequent_indent=indent) if len(line) > 96 else [line]
+    return "\n".join(out) + "\n"
 
 
 # Advance widths of DejaVu Sans (the wider of the two fonts), in em; bold is about 10% wider.
@@ -86,6 +96,12 @@ class Canvas:
                           f'rx="{rx}" fill="{fill}" stroke="{stroke}" '
                           f'stroke-width="{width}"{d}/>')
         self._grow(y + h + width)
+
+    def line(self, x, y1, y2, width: float = 4.0) -> None:
+        """A vertical line at ``x`` from ``y1`` to ``y2``."""
+        self.parts.append(f'<line x1="{x:.1f}" y1="{y1:.1f}" x2="{x:.1f}" y2="{y2:.1f}" '
+                          f'stroke="{INK}" stroke-width="{width}"/>')
+        self._grow(y2)
 
     def circle(self, cx, cy, r, fill) -> None:
         self.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r}" fill="{fill}" '
@@ -150,7 +166,7 @@ def legend(c: Canvas, y: float, items: list[tuple[str, str, str]], size: int = 2
 
 
 # ---- tables ---------------------------------------------------------------------------------
-def table(title: str, header: list[str], rows: list[list[str]], *, size: int = 24,
+def table(title: str, header: list[str], rows: list[list[str]], *, size: int = 26,
           align: str = "", notes: list[str] = ()) -> Drawing:
     """A table with a bold header and a bold first column; long cells wrap. Column widths
     follow the text; ``align`` has one letter per column, "l" (the default) or "r"."""
@@ -175,7 +191,7 @@ def table(title: str, header: list[str], rows: list[list[str]], *, size: int = 2
         y += h
     caption(c, y + 4, list(notes), 22)
     text = [title, ""] + ["  ".join(row) for row in [header, *rows]] + list(notes)
-    return Drawing(c.svg(title), "\n".join(text) + "\n")
+    return Drawing(c.svg(title), twin(text))
 
 
 def _fit(natural: list[float], room: float) -> list[float]:
@@ -211,11 +227,11 @@ def usage_bars(title: str, rows: list[tuple[str, dict[str, float]]],
                        bold=True, fill=TEXT_ON[color])
             x += w
         y += bar_h + 18
-        text.append(f"{label:<14}" + "  ".join(f"{name} {100 * fr.get(key, 0):.0f}%"
-                                               for key, _, name in CATEGORIES))
+        text.append(f"{label:<14} " + "  ".join(f"{key.split('_')[0]} {100 * fr.get(key, 0):.0f}%"
+                                                for key, _, _ in CATEGORIES))
     y = legend(c, y, [("box", color, name) for _, color, name in CATEGORIES])
     caption(c, y, list(notes), 22)
-    return Drawing(c.svg(title), "\n".join(text + list(notes)) + "\n")
+    return Drawing(c.svg(title), twin(text + list(notes)))
 
 
 # ---- a contiguous arena, slot by slot ---------------------------------------------------------
@@ -236,6 +252,9 @@ def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row:
             for i, (cat, _who) in enumerate(chunk):
                 c.rect(label_w + i * slot_w, y, slot_w, 36, fill=colors[cat], stroke=LINE,
                        width=0.75, rx=0)
+            for i in range(1, len(chunk)):      # a bold line where one request's slots end
+                if chunk[i][1] != chunk[i - 1][1]:
+                    c.line(label_w + i * slot_w, y - 3, y + 39)
             for i, j, who in _runs(chunk):
                 if who and (j - i) * slot_w >= 26:
                     col = colors[chunk[i][0]]
@@ -249,7 +268,9 @@ def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row:
         y += 34
     y = legend(c, y + 2, [("box", col, name) for _, col, name in CATEGORIES])
     caption(c, y, list(notes), 22)
-    return Drawing(c.svg(title or "arena"), "\n".join(text + list(notes)) + "\n")
+    text.append("A: a request's tokens, a: reserved for it, x: internal fragmentation, "
+                "!: external fragmentation, .: free")
+    return Drawing(c.svg(title or "arena"), twin(text + list(notes)))
 
 
 def _runs(chunk: list[tuple[str, str]]) -> list[tuple[int, int, str]]:

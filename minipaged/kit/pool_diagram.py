@@ -30,6 +30,7 @@ from minipaged.kit.diagrams import (
     caption,
     legend,
     text_width,
+    twin,
 )
 
 
@@ -100,7 +101,7 @@ def draw(state: PoolState, colors: dict[str, str], notes: list[str], title: str,
         y += 36
     y = legend(c, y + 4, _legend_items(state, marks))
     caption(c, y, notes, 22)
-    return Drawing(c.svg(title), "\n".join(text + [""] + notes) + "\n")
+    return Drawing(c.svg(title), twin(text + [""] + notes))
 
 
 CHIP_W, ROW_H = 250, 46
@@ -183,6 +184,7 @@ def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: flo
             label = " ".join(owners)
         else:
             label = "free"
+        said = label                            # the text twin keeps the full label
         lx = x + 8
         if b in st.hashed:
             c.circle(x + 16, by + 71, 8, HASH_MARK)
@@ -192,7 +194,7 @@ def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: flo
         c.text(lx, by + 77, label, 20, fill=INK if ref else MUTED)
         slots = "".join(_slot_char(owners, k < fill, b in st.hashed) for k in range(bs))
         if ref or b in st.hashed:
-            text.append(f"  #{b:<3} {slots}  " + (f"x{ref}" if ref > 1 else "  ") + f"  {label}"
+            text.append(f"  #{b:<3} {slots}  " + (f"x{ref}" if ref > 1 else "  ") + f"  {said}"
                         + (" (prefix hash)" if b in st.hashed else ""))
     free = [b for b in range(st.num_blocks) if not st.ref[b] and b not in st.hashed]
     if free:
