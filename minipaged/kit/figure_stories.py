@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 
+from minipaged import KVCacheManager
 from minipaged.contiguous.buddy import next_pow2
 from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.kit.diagrams import Drawing, arena_strips
 from minipaged.kit.pool_diagram import Marks, draw, read_state
-from minipaged.paged.block_manager import KVCacheManager
 
 BS = 4
 
