@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from minipaged._install import GPU_HINT
 from minipaged.cuda.cache_checks import check_copy_blocks, check_reshape_and_cache
 from minipaged.cuda.checks import AttentionLaunch, check_paged_attention
 from minipaged.cuda.kernels import CACHE_THREADS
@@ -36,9 +37,8 @@ class _OnGPU:
         try:
             import cupy
         except ImportError as e:
-            raise RuntimeError("backend='cupy' needs CuPy (pip install 'minipaged[gpu]') and a "
-                               "CUDA GPU; use backend='cpu' to run the kernels on the CPU "
-                               "harness") from e
+            raise RuntimeError(f"backend='cupy' needs CuPy ({GPU_HINT}) and a CUDA GPU; use "
+                               "backend='cpu' to run the kernels on the CPU harness") from e
 
         self.torch = False
         self.arrays = {}

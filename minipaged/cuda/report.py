@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from minipaged._install import TEST_STEPS
 from minipaged.cuda import kernels
 
 CUPY_VERSION = "14.2.0"  # the version whose private compiler API this module was written for
@@ -67,8 +68,7 @@ def nvrtc_options(arch: str = "90") -> tuple[tuple[str, ...], str]:
 
     if cupy.__version__ != CUPY_VERSION:
         raise RuntimeError(f"CuPy {cupy.__version__} is installed; this report drives CuPy "
-                           f"{CUPY_VERSION}'s private compiler API (pip install "
-                           f"cupy-cuda12x=={CUPY_VERSION})")
+                           f"{CUPY_VERSION}'s private compiler API ({TEST_STEPS})")
     # _get_arch_for_options_for_nvrtc's rule, written out: that function is memoized per
     # device and so asks for one. sm_XX (a cubin, ptxas run now) when NVRTC knows the arch.
     if not compiler._use_ptx and int(arch) <= int(compiler._get_max_compute_capability()):
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
         version = nvrtc.getVersion()
     except Exception as e:  # noqa: BLE001 - no CuPy, no NVRTC library: say which, exit 3
-        print(f"report: needs CuPy {CUPY_VERSION} and NVRTC (pip install 'minipaged[test]'): "
+        print(f"report: needs CuPy {CUPY_VERSION} and NVRTC ({TEST_STEPS}): "
               f"{type(e).__name__}: {e}", file=sys.stderr)
         return 3
     options, _ = nvrtc_options(arch)

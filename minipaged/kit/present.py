@@ -29,6 +29,7 @@ class Slide:
     notes: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     demos: list[str] = field(default_factory=list)
+    directives: dict[str, str] = field(default_factory=dict)   # Marp's, e.g. {"_class": "fig"}
 
 
 def parse_deck(text: str) -> list[Slide]:
@@ -54,15 +55,19 @@ def parse_deck(text: str) -> list[Slide]:
     for chunk in chunks:
         if not chunk.strip():
             continue
-        notes, demos = [], []
+        notes, demos, directives = [], [], {}
         for c in COMMENT.findall(chunk):
             m = DEMO.match(c)
             if m:
                 demos.append(m.group(1))
-            elif not DIRECTIVE.match(c):
+            elif DIRECTIVE.match(c):
+                key, _, value = c.strip().partition(":")
+                directives[key.strip()] = value.strip()
+            else:
                 notes.append(c.strip())
         body = COMMENT.sub("", chunk).strip()
-        slides.append(Slide(len(slides) + 1, body, notes, IMAGE.findall(body), demos))
+        slides.append(Slide(len(slides) + 1, body, notes, IMAGE.findall(body), demos,
+                            directives))
     return slides
 
 

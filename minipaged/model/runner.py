@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minipaged._install import GPU_HINT
 from minipaged.model.decoder import Decoder, scale_for
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 
@@ -44,7 +45,7 @@ from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 #     copy of it, unless it is there already), the pages are torch CUDA tensors, and the
 #     launchers of minipaged.cuda (backend="cupy") see them through DLPack: zero copy, on
 #     torch's current stream. Only the logits come back to the host, for sampling. Needs a
-#     CUDA GPU that torch sees, and CuPy (pip install 'minipaged[gpu]').
+#     CUDA GPU that torch sees, and CuPy (``minipaged._install.GPU_EXTRA``).
 BACKENDS = ("numpy", "cuda-cpu", "cupy")
 
 
@@ -83,7 +84,7 @@ def _cuda_device() -> torch.device:
     except ImportError as e:
         raise BackendUnavailableError(
             "backend='cupy' launches the CUDA kernels through CuPy, which is not installed "
-            "(pip install 'minipaged[gpu]')" + hint) from e
+            f"({GPU_HINT})" + hint) from e
     return torch.device("cuda", torch.cuda.current_device())
 
 

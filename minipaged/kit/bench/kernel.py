@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 
 from minipaged._checks import cdiv
+from minipaged._install import GPU_HINT
 from minipaged.kit.bench import median_time
 
 
@@ -92,7 +93,7 @@ def _gpu_available() -> str | None:
     try:
         import cupy
     except ImportError:
-        return "CuPy is not installed (from a checkout: python -m pip install -e '.[gpu]')"
+        return f"CuPy is not installed ({GPU_HINT})"
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "CuPy sees no CUDA device"

@@ -14,6 +14,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+from minipaged._install import HF_EXTRA, TORCH_HINT  # the install hint, one text for every command
+
 # ---- errors and sizes --------------------------------------------------------------------------
 
 
@@ -397,9 +399,6 @@ examples:
       --block-size 4 --preemption swap      (a pool too small for both: watch the preemptions)
 """
 
-TORCH_HINT = ("needs torch; from a checkout: python -m pip install torch --index-url "
-              "https://download.pytorch.org/whl/cpu (the CPU wheel), then python -m pip "
-              "install -e '.[torch]'")
 
 
 def _escape(text: str) -> str:
@@ -459,7 +458,7 @@ def _load_hf(args):
 
         model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
     except ImportError as e:
-        raise ValueError(f"--model needs {e.name}: python -m pip install -e '.[hf]'") from None
+        raise ValueError(f"--model needs {e.name}: from a checkout, {HF_EXTRA}") from None
     prompts = args.prompts
     if args.chat:   # the template writes the special tokens itself: encode without adding any
         prompts = [tok.encode(tok.chat_prompt(p), bos=False) for p in prompts]

@@ -23,6 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from minipaged._install import TORCH_HINT
 from minipaged.kit.viz.blocks import memory_map
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import blocks_text, ids_text
@@ -64,10 +65,7 @@ class ModelScene(Scene):
     @classmethod
     def missing(cls) -> str | None:
         if importlib.util.find_spec("torch") is None:
-            return ("torch is not installed; this scene runs the tiny model. From a checkout: "
-                    "python -m pip install torch --index-url "
-                    "https://download.pytorch.org/whl/cpu (the CPU wheel), then "
-                    "python -m pip install -e '.[torch]'")
+            return f"this scene runs the tiny model, which {TORCH_HINT}"
         from minipaged.model.checkpoint import DEFAULT_CHECKPOINT
 
         if not DEFAULT_CHECKPOINT.exists():
