@@ -179,6 +179,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         r = simulate(cfg, progress=update)
     console.print(summary_table({cfg.policy: r}, f"{cfg.workload}, {cfg.num_requests} requests "
                                 f"at {cfg.request_rate} req/s, seed {cfg.seed}"))
+    if r.num_rejected:
+        console.print(f"{r.num_rejected} request(s) refused, the first because: "
+                      f"{r.extra['first_rejection']}")
     if args.json:
         write_json(args.json, r.as_dict())
         console.print(f"wrote {args.json}")

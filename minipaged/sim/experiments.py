@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from minipaged._checks import cdiv
 from minipaged.sim.simulator import SimConfig, max_sustainable_rate, simulate
 from minipaged.sim.workloads import make_workload
 
@@ -138,7 +139,7 @@ def _blocks_read_per_token(workload: str, bs: int, num_requests: int, seed: int)
     tot = cnt = 0
     for r in reqs:
         for ctx in range(r.prompt_len + 1, r.prompt_len + r.output_len):
-            tot += -(-ctx // bs)
+            tot += cdiv(ctx, bs)
             cnt += 1
     return tot / max(cnt, 1)
 
@@ -166,7 +167,7 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
                 if used else 0.0,
                 "internal_fragmentation": u["internal_fragmentation"],
                 "block_table_bytes_per_request": 4 * sum(
-                    -(-(q.prompt_len + q.output_len - 1) // bs) for q in reqs) / len(reqs),
+                    cdiv(q.prompt_len + q.output_len - 1, bs) for q in reqs) / len(reqs),
                 "blocks_read_per_decode": _blocks_read_per_token(w, bs, min(num_requests, 200),
                                                                  seed),
                 "avg_batch_size": r.avg_batch_size,

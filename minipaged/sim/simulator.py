@@ -30,9 +30,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from minipaged._checks import cdiv
 from minipaged.contiguous.usage import CATEGORIES
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
-from minipaged.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from minipaged.serving.scheduler import (
+    NoProgressError,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    StepResult,
+)
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import check_block_size, preset
 from minipaged.sim.workloads import make_workload, prompt_token_ids
@@ -107,57 +114,61 @@ def _mix(*xs: int) -> int:
     return h
 
 
+def next_token(token_ids: list[int]) -> int:
+    """The stand-in model's next token: a linear congruential step on the last token and the
+    length, so a sequence's continuation depends on its history only."""
+    return (token_ids[-1] * 1103515245 + len(token_ids) * 12345 + 1) % VOCAB + 1
+
+
 class SimExecutor:
     """Stands in for the model: a step's duration from the cost model, tokens from a hash of the
     sequence's history (so a preempted and resumed sequence produces exactly the same tokens).
 
-    Beam search: the k new beams pick their parents uniformly at random among the current
-    beams (seeded): a strong beam often supplies several of the top k continuations and a weak
-    one none. This choice decides how much of the generated text beams share, so the measured
-    saving is only as good as this model of beam survival."""
+    Parallel sampling: the prompt's n samples start with n different tokens, then each goes on
+    with ``next_token``. Beam search: each step, the k new beams pick their parents uniformly at
+    random among the current beams (seeded): a strong beam often supplies several of the top k
+    continuations and a weak one none. This choice decides how much of the generated text beams
+    share, so the measured saving is only as good as this model of beam survival."""
 
     def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
-                 sharing: bool = True, block_size: int | None = None) -> None:
+                 block_size: int | None = None) -> None:
         self.cost, self.block_bytes, self.seed = cost, block_bytes, seed
-        self.sharing = sharing  # False: no group ever samples more than one token (fast path)
         self.block_size = block_size  # None: a contiguous cache (no per-block cost)
         self.blocks_read = 0  # running total, for experiment 4
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        sum_ctx = sum([c.end for c in out.prefills]) + sum([len(s.token_ids)
-                                                            for s in out.decodes])
+        sum_ctx = sum(c.end for c in out.prefills) + sum(len(s.token_ids) for s in out.decodes)
         nb = 0
         if self.block_size is not None:
             bs = self.block_size
-            nb = sum([-(-c.end // bs) for c in out.prefills]) + sum(
-                [-(-len(s.token_ids) // bs) for s in out.decodes])
+            nb = sum(cdiv(c.end, bs) for c in out.prefills) + sum(
+                cdiv(len(s.token_ids), bs) for s in out.decodes)
             self.blocks_read += nb
         dt = self.cost.step_time(out.num_tokens, sum_ctx, blocks_read=nb,
                                  blocks_swapped=len(out.blocks_to_swap_in)
                                  + len(out.blocks_to_swap_out), block_bytes=self.block_bytes)
-        if not self.sharing:  # same formula as below, one list comprehension
-            return StepResult(dt, [(s.token_ids[-1] * 1103515245 + len(s.token_ids) * 12345 + 1)
-                                   % VOCAB + 1 for s in out.sampled])
         samples: list = []
-        beams: dict[int, list[int]] = {}
+        beams: dict[int, list[int]] = {}  # group order -> its beams' indices in out.sampled
         for i, s in enumerate(out.sampled):
             g = s.group
-            toks = s.token_ids
-            nxt = (toks[-1] * 1103515245 + len(toks) * 12345 + 1) % VOCAB + 1
             if g.beam_width > 1:
-                beams.setdefault(id(g), []).append(i)
-                samples.append([])
-            elif g.n > 1 and len(toks) == g.prompt_len:
-                samples.append([(nxt + j * 7919) % VOCAB + 1 for j in range(g.n)])
+                beams.setdefault(g.order, []).append(i)
+                samples.append([])  # filled below, once the group's beams are all known
+            elif g.n > 1 and len(s.token_ids) == g.prompt_len:
+                first = next_token(s.token_ids)
+                samples.append([(first + j * 7919) % VOCAB + 1 for j in range(g.n)])
             else:
-                samples.append(nxt)
+                samples.append(next_token(s.token_ids))
         for idx in beams.values():
             g = out.sampled[idx[0]].group
             pos = len(out.sampled[idx[0]].token_ids)
-            for j in range(g.beam_width):
+            # k new beams when the group's beams are all sampled together (always, except
+            # when a recomputed group's prefill chunks end in different steps: then the
+            # sampled ones only replace themselves, so the group never grows past k).
+            k = g.beam_width if len(idx) == len(g.seqs) else len(idx)
+            for j in range(k):
                 h = _mix(self.seed, g.order, pos, j)
-                i = idx[h % len(idx)]
-                samples[i].append((h >> 20) % VOCAB + 1)
+                samples[idx[h % len(idx)]].append((h >> 20) % VOCAB + 1)
         return StepResult(dt, samples)
 
 
@@ -181,7 +192,6 @@ def build(cfg: SimConfig):
         preemption_mode=cfg.preemption_mode, keep_outputs=False))
     cost = CostModel.for_preset(p)
     ex = SimExecutor(cost, p.model.kv_bytes_per_token * cfg.block_size, cfg.seed,
-                     sharing=cfg.n > 1 or cfg.beam_width > 1,
                      block_size=cfg.block_size if cfg.policy == "paged" else None)
     return reqs, sched, ex, slots
 
@@ -214,17 +224,12 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
                                   beam_width=cfg.beam_width)
             i += 1
         if not sched.has_unfinished():
-            now = reqs[i].arrival_s  # idle: jump to the next arrival
+            if i < len(reqs):
+                now = reqs[i].arrival_s  # idle: jump to the next arrival
             continue
         out = sched.schedule()
-        if out.is_empty:
-            if not sched.has_unfinished():
-                continue
-            if not sched.running and not sched.swapped:
-                g = sched.waiting[0]
-                raise RuntimeError(f"the scheduler is stuck: nothing runs and request "
-                                   f"{g.request_id!r} (prompt {g.prompt_len}) cannot be "
-                                   f"admitted into an idle cache")
+        if out.is_empty:  # the scheduler raises first; this guards any other scheduler
+            raise NoProgressError(f"step {step}: {sched.stall_report()}")
         res = ex.execute(out)
         dt = res.duration_s
         now += dt
@@ -251,7 +256,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
                 unshared = 0
                 for g in sched.running:
                     for s in g.seqs:
-                        unshared += -(-(len(s.token_ids) - (0 if s.prefilling else 1)) // bs)
+                        unshared += cdiv(len(s.token_ids) - (0 if s.prefilling else 1), bs)
                 unshared_acc += unshared * w_pending
             w_pending = 0.0
         if progress is not None and step % progress_every == 0:
@@ -271,6 +276,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
             return None
         return {c: a[c] / (total * w) for c in CATEGORIES}
 
+    extra: dict = {"blocks_read_per_decode_seq": ex.blocks_read / max(1, batch_acc)
+                   if ex.block_size else None}
+    if sched.rejected:  # refused up front: why the first one could never run
+        extra["first_rejection"] = sched.rejections[sched.rejected[0].order]
     return SimResult(
         config=asdict(cfg),
         num_requests=total_groups,
@@ -290,8 +299,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         memory_saving=(1.0 - used_blocks_acc / unshared_acc) if (
             sharing_run and paged and unshared_acc > 0) else None,
         token_slots=total,
-        extra={"blocks_read_per_decode_seq": ex.blocks_read / max(1, batch_acc)
-               if ex.block_size else None},
+        extra=extra,
     )
 
 
