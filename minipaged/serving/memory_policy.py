@@ -9,15 +9,13 @@ Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 
 The interface (``MemoryPolicy``), in vLLM's words:
 
-    refusal(width, final_len)  why a request could never run to its end, even alone in an empty
-                          cache (None: it can); the scheduler refuses such a request up front
-    admit(ids, tokens, final_len)  memory for sequences about to be prefilled (a new prompt, or
-                          prompt + generated tokens after a recompute preemption); all or
-                          nothing; returns the tokens already cached per sequence (prefix
-                          caching), or None when there is no room now
+    refusal(width, final_len)  why a request could never run to its end, even alone in an
+                          empty cache (None: it can); such a request is refused up front
+    admit(ids, tokens, final_len)  memory for sequences about to be prefilled (a new prompt,
+                          or prompt + generated tokens after a recompute); all or nothing;
+                          the tokens already cached per sequence (prefix caching), or None
     can_append(ids)       room for one more token in every one of ``ids`` (a group is checked
-                          before any of it is appended: all or nothing)
-    append_slot(id, tok)  take the slot for one more token
+                          before any of it is appended: all or nothing); then append_slot
     fork / free           copy-on-write sharing of a parent's blocks; release a sequence
     swap_out / swap_in    preemption by swapping (paged only), block mappings returned
     usage(...)            the paper's four categories of KV memory, now
@@ -76,19 +74,7 @@ class MemoryPolicy(ABC):
         return []
 
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
-        return False
-
-    def swap_out(self, seq_ids: list[SeqId]) -> list[tuple[int, int]]:
-        raise ValueError(f"the {self.name} policy cannot swap")
-
-    def can_swap_in(self, seq_ids: list[SeqId]) -> bool:
-        return False
-
-    def can_ever_swap_in(self, seq_ids: list[SeqId]) -> bool:
-        return False
-
-    def swap_in(self, seq_ids: list[SeqId]) -> list[tuple[int, int]]:
-        raise ValueError(f"the {self.name} policy cannot swap")
+        return False  # so swap_out and the swap-in methods are never called
 
     @abstractmethod
     def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage: ...
@@ -231,6 +217,12 @@ class ContiguousPolicy(MemoryPolicy):
                              "scheduler keeps accounting only")
         self.cache = cache
         self.name = f"orca-{cache.policy}"
+        # Decode tokens are counted here and handed to the cache in one ``advance`` per
+        # sequence when its accounting is read (``flush``): the reservation already holds
+        # every slot, so appending cannot fail. Measured (CPU seconds, one core):
+        # ``minipaged experiment 3`` took 10.2 s with one ``advance`` per token (an argument
+        # check and two lookups each), over its 10 s budget, and about 9 s with this.
+        self._pending: dict[SeqId, int] = {}
 
     def refusal(self, width, final_len):
         c = self.cache
@@ -257,12 +249,20 @@ class ContiguousPolicy(MemoryPolicy):
         return True  # the reservation already holds every slot up to the final length
 
     def append_slot(self, seq_id, token_id):
-        self.cache.advance(seq_id, 1)
+        self._pending[seq_id] = self._pending.get(seq_id, 0) + 1
+
+    def flush(self) -> None:
+        """Hand every counted decode token to the cache (see ``__init__``)."""
+        for sid, k in self._pending.items():
+            self.cache.advance(sid, k)
+        self._pending.clear()
 
     def free(self, seq_id):
+        self._pending.pop(seq_id, None)
         self.cache.release(seq_id)
 
     def usage(self, final_lens, next_final_len):
+        self.flush()
         need = None if next_final_len is None else self.cache.reservation_size(
             min(next_final_len, self.cache.max_seq_len))
         return self.cache.usage(need)

@@ -190,9 +190,10 @@ class RequestQueues:
                     c.seq.group.first_token_s = now
         finished: list[Sequence] = []
         for s, toks in zip(out.sampled, result.samples):
-            s.num_computed = len(s.token_ids)  # the step computed every token it had
+            tokens = s.token_ids
+            s.num_computed = len(tokens)  # the step computed every token it had
             if not isinstance(toks, list):  # one new token
-                s.token_ids.append(toks)
+                tokens.append(toks)
             elif not toks:  # a beam that lost: its blocks go (shared ones lose one user)
                 self.policy.free(s.seq_id)
                 s.group.seqs.remove(s)
@@ -202,14 +203,14 @@ class RequestQueues:
                 continue
             else:  # parallel sampling / beam search: the children share the parent's blocks
                 for t in toks[1:]:
-                    child = self._new_seq(s.group, s.token_ids + [t])
-                    child.num_computed, child.prefilling = len(s.token_ids), False
+                    child = self._new_seq(s.group, tokens + [t])
+                    child.num_computed, child.prefilling = len(tokens), False
                     self.policy.fork(s.seq_id, child.seq_id)
                     s.group.seqs.append(child)
                     if len(child.token_ids) >= child.stop_len:
                         finished.append(child)
-                s.token_ids.append(toks[0])
-            if len(s.token_ids) >= s.stop_len:
+                tokens.append(toks[0])
+            if len(tokens) >= s.stop_len:
                 finished.append(s)
         done = [s.group for s in finished if self._end_seq(s, now)]
         if done:

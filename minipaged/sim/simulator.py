@@ -1,12 +1,12 @@
 """The serving simulator: the real scheduler and the real memory managers, a cost model for time.
 
 What this teaches: how the paper's serving results come about. Requests arrive (``workloads``),
-the scheduler (``serving.scheduler``) batches them step by step over a real ``KVCacheManager``
-or ``ContiguousKVCache`` (``minipaged.serving.memory_policy``), and instead of running a model, each
-step's duration comes from a roofline cost model (``cost.py``) and its sampled tokens from a
-deterministic stand-in. Memory decides the batch size, the batch size decides the throughput:
-that is the paper's argument (sections 3 and 6), measured here with the project's own managers.
-Read before: ``cost.py``, ``minipaged/scheduler.py``. Read next: ``experiments.py``.
+the scheduler (``serving/scheduler.py``) batches them step by step over a real
+``KVCacheManager`` or ``ContiguousKVCache`` (``serving/memory_policy.py``); each step's duration
+comes from a roofline cost model (``cost.py``), its sampled tokens from a deterministic stand-in
+instead of a model. Memory decides the batch size, the batch size decides the throughput: the
+paper's argument (sections 3 and 6), measured with the project's own managers.
+Read next: ``sim/experiments.py``.
 
 What is measured (``SimResult``; ``--json`` writes it):
     kv_usage            time-averaged fractions of all KV slots per category (``usage.py``);
@@ -26,7 +26,6 @@ What is measured (``SimResult``; ``--json`` writes it):
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -207,8 +206,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
     per_group_n = 1 if v1_copies > 1 else cfg.n
     total_groups = len(reqs) * v1_copies
     sharing_run = cfg.n > 1 or cfg.beam_width > 1 or cfg.enable_prefix_caching
-    acc = dict.fromkeys(CATEGORIES, 0.0)
-    acc_sat = dict.fromkeys(CATEGORIES, 0.0)
+    acc, acc_sat = dict.fromkeys(CATEGORIES, 0.0), dict.fromkeys(CATEGORIES, 0.0)
     w_total = w_sat = w_pending = 0.0
     used_blocks_acc = unshared_acc = 0.0
     batch_acc, decode_steps = 0.0, 0
@@ -231,8 +229,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         if out.is_empty:  # the scheduler raises first; this guards any other scheduler
             raise NoProgressError(f"step {step}: {sched.stall_report()}")
         res = ex.execute(out)
-        dt = res.duration_s
-        now += dt
+        now, dt = now + res.duration_s, res.duration_s
         sched.update(out, res, now)
         step += 1
         if out.decodes:
@@ -301,38 +298,3 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         token_slots=total,
         extra=extra,
     )
-
-
-def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
-                         progress: Callable[[str], None] | None = None) -> dict:
-    """The highest request rate whose mean normalized latency stays within ``factor`` x the
-    unloaded one (requests arriving so far apart that each runs alone). Bisection between 0 and
-    1.5 x the saturated throughput (all requests at t=0), ``iters`` halvings."""
-    base_cfg = _replace(cfg, request_rate=1e-4, num_requests=min(cfg.num_requests, 50))
-    base = simulate(base_cfg).normalized_latency_s_per_token
-    sat = simulate(_replace(cfg, request_rate=math.inf))
-    lo, hi = 0.0, 1.5 * sat.throughput_requests_per_s
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        r = simulate(_replace(cfg, request_rate=mid))
-        ok = r.normalized_latency_s_per_token <= factor * base
-        if progress is not None:
-            progress(f"rate {mid:.3f} req/s: {r.normalized_latency_s_per_token:.4f} s/token "
-                     f"({'ok' if ok else 'blown up'})")
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return {"max_rate_req_per_s": lo, "unloaded_latency_s_per_token": base,
-            "threshold_s_per_token": factor * base,
-            "saturated_throughput_req_per_s": sat.throughput_requests_per_s,
-            "saturated_avg_batch_size": sat.avg_batch_size}
-
-
-def _replace(cfg: SimConfig, **kw) -> SimConfig:
-    d = asdict(cfg)
-    d.update(kw)
-    return SimConfig(**d)
-
-
-def timed(cfg: SimConfig) -> tuple[SimResult, float]:
-    t0 = time.perf_counter()
-    r = simulate(cfg)
-    return r, time.perf_counter() - t0
