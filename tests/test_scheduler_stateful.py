@@ -148,7 +148,6 @@ class SchedulerMachine(RuleBasedStateMachine):
     def memory_agrees(self):
         if not self.paged:
             c = self.policy.cache
-            self.policy.flush()
             live = {s.seq_id for g in self.sched.running for s in g.seqs}
             assert set(c.seq_ids) == live
             for g in self.sched.running:

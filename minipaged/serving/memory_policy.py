@@ -217,12 +217,6 @@ class ContiguousPolicy(MemoryPolicy):
                              "scheduler keeps accounting only")
         self.cache = cache
         self.name = f"orca-{cache.policy}"
-        # Decode tokens are counted here and handed to the cache in one ``advance`` per
-        # sequence when its accounting is read (``flush``): the reservation already holds
-        # every slot, so appending cannot fail. Measured (CPU seconds, one core):
-        # ``minipaged experiment 3`` took 10.2 s with one ``advance`` per token (an argument
-        # check and two lookups each), over its 10 s budget, and about 9 s with this.
-        self._pending: dict[SeqId, int] = {}
 
     def refusal(self, width, final_len):
         c = self.cache
@@ -249,20 +243,12 @@ class ContiguousPolicy(MemoryPolicy):
         return True  # the reservation already holds every slot up to the final length
 
     def append_slot(self, seq_id, token_id):
-        self._pending[seq_id] = self._pending.get(seq_id, 0) + 1
-
-    def flush(self) -> None:
-        """Hand every counted decode token to the cache (see ``__init__``)."""
-        for sid, k in self._pending.items():
-            self.cache.advance(sid, k)
-        self._pending.clear()
+        self.cache.advance(seq_id, 1)
 
     def free(self, seq_id):
-        self._pending.pop(seq_id, None)
         self.cache.release(seq_id)
 
     def usage(self, final_lens, next_final_len):
-        self.flush()
         need = None if next_final_len is None else self.cache.reservation_size(
             min(next_final_len, self.cache.max_seq_len))
         return self.cache.usage(need)
