@@ -247,8 +247,9 @@ class LLM:
                 self._live[req.group.seqs[0].seq_id] = st
                 if params.beam_width > 1:
                     req.beams[req.group.seqs[0].seq_id] = Beam([], 0.0)
-            self._step(sched, step)
-            steps_run += 1
+            if sched.has_unfinished():  # (always: every request passed the refusal check)
+                self._step(sched, step)
+                steps_run += 1
             step += 1
         return steps_run
 
