@@ -161,10 +161,9 @@ class SimExecutor:
         for idx in beams.values():
             g = out.sampled[idx[0]].group
             pos = len(out.sampled[idx[0]].token_ids)
-            # k new beams when the group's beams are all sampled together (always, except
-            # when a recomputed group's prefill chunks end in different steps: then the
-            # sampled ones only replace themselves, so the group never grows past k).
-            k = g.beam_width if len(idx) == len(g.seqs) else len(idx)
+            # The prompt's step makes k beams; every later step keeps as many as it samples
+            # (all k, except when a recomputed group's prefill chunks end in different steps).
+            k = g.beam_width if pos == g.prompt_len else len(idx)
             for j in range(k):
                 h = _mix(self.seed, g.order, pos, j)
                 samples[idx[h % len(idx)]].append((h >> 20) % VOCAB + 1)
