@@ -159,8 +159,11 @@ def test_parallel_sampling_same_with_and_without_sharing(model, prefix):
     check_pool_full(llm)
 
 
-@pytest.mark.parametrize("num_blocks, preemption", [(200, "recompute"), (40, "swap")])
-def test_beam_search_equals_reference_beam_search(model, num_blocks, preemption):
+@pytest.mark.parametrize("num_blocks, preemption, prefix", [
+    (200, "recompute", False), (40, "swap", False),
+    (200, "recompute", True), (40, "swap", True),   # copy-on-write and prefix caching together
+])
+def test_beam_search_equals_reference_beam_search(model, num_blocks, preemption, prefix):
     from minipaged.model.engine import LLM
     from minipaged.model.reference import ReferenceGenerator
     from minipaged.model.sampling import SamplingParams
@@ -168,12 +171,15 @@ def test_beam_search_equals_reference_beam_search(model, num_blocks, preemption)
     prompts = ["count down from 12:", "count down from 31:", "Hi"]
     p = SamplingParams(max_tokens=20, beam_width=3)
     ref = ReferenceGenerator(model).generate(prompts, p)
-    llm = LLM(model, num_blocks=num_blocks, block_size=4, preemption=preemption)
+    llm = LLM(model, num_blocks=num_blocks, block_size=4, preemption=preemption,
+              enable_prefix_caching=prefix)
     outs = llm.generate(prompts, p)
     for a, b in zip(outs, ref):
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
         assert len(a.outputs) == 3
     assert llm.runner.num_blocks_copied > 0
+    if prefix:  # the full blocks the beams wrote were cached by hash as they filled
+        assert llm.manager.allocator.cached_blocks()
     check_pool_full(llm)
 
 
@@ -210,8 +216,6 @@ def test_bad_inputs_get_clear_errors(model):
         llm.generate(["a"], {"max_tokens": 3})
     with pytest.raises(ValueError, match="non-empty list"):
         llm.generate([])
-    with pytest.raises(ValueError, match="not available with enable_prefix_caching"):
-        LLM(model, enable_prefix_caching=True).generate(["a"], SamplingParams(beam_width=2))
     with pytest.raises(ValueError, match="backend must be one of"):
         LLM(model, backend="tpu")
     with pytest.raises(ValueError, match="arrival_steps"):
@@ -422,3 +426,105 @@ def test_bench_generate_runs_small_and_rejects_bad_sizes(capsys):
     assert "paged / reference throughput:" in out
     assert main(["bench", "generate", "--requests", "0"]) == 2
     assert "--requests=0 must be >= 1" in capsys.readouterr().err
+
+
+# ---- nothing hangs, and an interrupted call leaves nothing behind -----------------------------
+
+
+def test_three_samples_in_a_three_block_pool_with_swap_finish(model):
+    """`minipaged generate 'count down from 8:' 'count down from 33:' --n 3 --temperature 0.63
+    --seed 670 --max-tokens 10 --num-blocks 3 --block-size 32 --preemption swap` once spun
+    forever: the preempted group of three samples shares one block, and swapping it back in
+    would need that block plus one per sample, 4 > 3. It is recomputed instead, and the
+    samples are still the reference's."""
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 8:", "count down from 33:"]
+    p = SamplingParams(max_tokens=10, temperature=0.63, n=3, seed=670)
+    llm = LLM(model, num_blocks=3, block_size=32, preemption="swap")
+    with time_limit(60):
+        outs = llm.generate(prompts, p)
+    ref = ReferenceGenerator(model).generate(prompts, p)
+    for a, b in zip(outs, ref):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert llm.num_preemptions > 0 and llm.runner.num_blocks_swapped == 0
+    check_pool_full(llm)
+
+
+def test_a_far_arrival_jumps_over_idle_steps(model):
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    p = SamplingParams(max_tokens=6)
+    llm = LLM(model, num_blocks=16, block_size=4)
+    now = llm.generate(["count down from 9:"], p)
+    steps = llm.num_steps
+    with time_limit(30):
+        later = llm.generate(["count down from 9:"], p, arrival_steps=[10**9])
+    assert later[0].outputs[0].token_ids == now[0].outputs[0].token_ids
+    assert llm.num_steps == 2 * steps, "only the steps that ran are counted"
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_interrupted_generate_leaves_nothing_in_the_manager(model, reference, prefix, error):
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 52:", "count down from 13:", "Hello, paged world!"]
+    llm = LLM(model, num_blocks=40, block_size=4, enable_prefix_caching=prefix,
+              preemption="swap")
+
+    def on_step(stats):
+        if stats.step == 5:
+            raise error("stop")
+
+    llm.on_step = on_step
+    with pytest.raises(error, match="stop"):
+        llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    check_pool_full(llm)
+    llm.on_step = None
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    for o in outs:
+        assert o.outputs[0].token_ids == reference[o.prompt].token_ids
+    check_pool_full(llm)
+
+
+def test_the_engine_reports_a_step_that_does_nothing(model, monkeypatch):
+    from minipaged.model.engine import LLM
+    from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerOutput
+
+    llm = LLM(model, num_blocks=8, block_size=4)
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: SchedulerOutput())
+    with pytest.raises(NoProgressError, match=r"step 0: no progress: request 0 \(waiting"):
+        llm.generate(["hi"])
+    check_pool_full(llm)
+
+
+def test_an_interrupted_first_forward_pass_leaves_no_stale_prefix_cache_hit(model, reference,
+                                                                          monkeypatch):
+    """Ctrl-C during the first forward pass: the prompts' full blocks were already registered
+    in the prefix cache, their K/V never written. A later call must not hit them."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 52:", "Hello, paged world!"]
+    llm = LLM(model, num_blocks=40, block_size=4, enable_prefix_caching=True)
+
+    def interrupted(work):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(llm.runner, "execute", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    check_pool_full(llm)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    for o in outs:
+        assert o.outputs[0].token_ids == reference[o.prompt].token_ids

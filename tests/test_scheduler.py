@@ -145,3 +145,110 @@ def test_finish_seq_ends_a_sequence_early_and_frees_it():
     assert g.status == "finished" and g.finish_s == 0.3 and not s.has_unfinished()
     m = s.policy.manager
     assert m.num_free_blocks == m.num_blocks and len(g.outputs) == 2
+
+
+def test_a_refused_request_says_why_at_once():
+    s = Scheduler(paged(num_blocks=4, block_size=2), SchedulerConfig(max_model_len=64))
+    g = s.add_request("big", [1] * 3, 6)  # grows to 8 tokens with K/V: 4 blocks, fits
+    assert g.status == "waiting"
+    g = s.add_request("wide", [1] * 3, 6, n=2)  # two samples of 8 tokens: 8 blocks
+    assert g.status == "rejected" and s.rejected == [g] and list(s.waiting) != [g]
+    assert s.rejections[g.order] == ("request 'wide' needs up to 8 blocks (2 sequence(s) of "
+                                     "up to 8 tokens, block_size=2) but num_blocks=4")
+    s2 = Scheduler(paged(), SchedulerConfig(max_model_len=64, max_num_seqs=2))
+    g = s2.add_request(0, [1], 4, beam_width=3)
+    assert g.status == "rejected" and "max_num_seqs=2" in s2.rejections[g.order]
+
+
+def test_add_request_checks_every_argument_before_queueing_anything():
+    import numpy as np
+
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    for bad, kind, msg in [
+        (dict(prompt_token_ids=[1, "x"]), TypeError, r"request 7: prompt_token_ids\[1\]='x'"),
+        (dict(prompt_token_ids=[1, -2]), ValueError, r"prompt_token_ids\[1\]=-2"),
+        (dict(prompt_token_ids="abc"), TypeError, "not a string"),
+        (dict(output_len=2.5), TypeError, "output_len=2.5"),
+        (dict(n=True), TypeError, "n=True"),
+        (dict(arrival_s=float("nan")), ValueError, "arrival_s=nan"),
+    ]:
+        kw = dict(request_id=7, prompt_token_ids=[1, 2], output_len=3) | bad
+        with pytest.raises(kind, match=msg):
+            s.add_request(**kw)
+        assert not s.has_unfinished() and not s.rejected and s._next_order == 0
+    # NumPy integers are integers: accepted, stored as Python ints.
+    g = s.add_request(0, np.array([5, 6, 7]), np.int64(3), n=np.int32(2))
+    assert g.seqs[0].token_ids == [5, 6, 7] and type(g.seqs[0].token_ids[0]) is int
+    run(s)
+    assert s.finished == [g] and len(g.outputs) == 2
+
+
+class _NoRoomPolicy:
+    """A broken policy: says a request fits but never has room for it."""
+
+    def __new__(cls):
+        base = paged()
+        base.admit = lambda seq_ids, token_ids, final_len: None
+        return base
+
+
+def test_a_step_that_can_do_nothing_raises_instead_of_spinning():
+    from minipaged.serving.scheduler import NoProgressError
+
+    s = Scheduler(_NoRoomPolicy(), SchedulerConfig(max_model_len=64))
+    s.add_request("r0", [1, 2, 3], 4)
+    with pytest.raises(NoProgressError, match=r"request 'r0' \(waiting, 1 sequence\(s\) of "
+                                              r"\[3\] tokens.*16 of 16 blocks free"):
+        s.schedule()
+
+
+def swap_then_admit(chunked: bool):
+    """Three requests that outgrow 8 blocks (one is swapped out), then a tiny fourth one that
+    arrives while it is out. Returns, per step: (a group is still swapped out after the
+    schedule, the requests admitted, whether a group came back)."""
+    s = Scheduler(paged(num_blocks=8, watermark=0.0),
+                  SchedulerConfig(max_model_len=64, preemption_mode="swap",
+                                  chunked_prefill=chunked,
+                                  max_num_batched_tokens=32 if chunked else None))
+    for i in range(3):
+        s.add_request(i, [i + 1] * 4, 12)
+    ex, now, log, late = SimExecutor(COST, 1, seed=0), 0.0, [], None
+    while s.has_unfinished():
+        if late is None and s.swapped:
+            late = s.add_request("late", [9], 1, arrival_s=now)
+        out = s.schedule()
+        admitted = {c.seq.group.request_id for c in out.prefills if c.start == 0}
+        log.append((bool(s.swapped), admitted, bool(out.blocks_to_swap_in)))
+        res = ex.execute(out)
+        now += res.duration_s
+        s.update(out, res, now)
+    assert late is not None and late.status == "finished"
+    return log
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_swapped_out_groups_come_back_before_any_new_admission(chunked):
+    log = swap_then_admit(chunked)
+    assert not [i for i, (swapped, admitted, _) in enumerate(log) if swapped and admitted], \
+        "a request was admitted while a group was swapped out"
+    first_swap_in = next(i for i, (_, _, swap_in) in enumerate(log) if swap_in)
+    late_admitted = next(i for i, (_, admitted, _) in enumerate(log) if "late" in admitted)
+    # Chunked: the same step may bring the group back and then admit (swap-ins come first).
+    assert first_swap_in <= late_admitted if chunked else first_swap_in < late_admitted
+
+
+def test_a_swap_that_could_never_come_back_is_recomputed():
+    # Three samples share one 32-slot block; the pool has 3 blocks. Swapped out, the newer
+    # group would need its block plus one per sequence, 4 > 3, to come back: it is recomputed.
+    s = Scheduler(make_policy("paged", num_slots=3 * 32, block_size=32, max_seq_len=64,
+                              num_cpu_blocks=3),
+                  SchedulerConfig(max_model_len=64, preemption_mode="swap"))
+    for i, p in enumerate((19, 20)):
+        s.add_request(i, [i + 1] * p, 10, n=3)
+    outs = run(s)
+    pre = [(g.request_id, mode) for o in outs for g, mode in o.preempted]
+    assert pre and all(mode == "recompute" for _, mode in pre), pre
+    assert not any(o.blocks_to_swap_out for o in outs) and s.num_swapped_out == 0
+    assert [len(g.outputs) for g in s.finished] == [3, 3]
+    m = s.policy.manager
+    assert m.num_free_blocks == m.num_blocks and m.num_free_cpu_blocks == 3

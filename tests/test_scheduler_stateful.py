@@ -136,17 +136,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         for gs in (list(s.waiting), s.running, s.swapped):
             orders = [g.order for g in gs]
             assert orders == sorted(orders), f"out of arrival order: {orders}"
-        # A request leaves the waiting queue only by admission or rejection; a preempted one
-        # comes back but was admitted before. So "ever left" must be a prefix of arrivals.
-        ever = {g.order for g in self.groups
-                if g.status != WAITING or g.num_preemptions or g.first_token_s is not None}
-        assert ever == set(range(len(ever))), f"admission not FCFS: {sorted(ever)}"
+        # A request leaves the waiting queue only by admission (a rejected one never enters
+        # it); a preempted one comes back but was admitted before. So the requests ever
+        # admitted must be a prefix of the arrivals that were not rejected.
+        queued = [g.order for g in self.groups if g.status != REJECTED]
+        ever = {g.order for g in self.groups if g.status != REJECTED and (
+            g.status != WAITING or g.num_preemptions or g.first_token_s is not None)}
+        assert ever == set(queued[:len(ever)]), f"admission not FCFS: {sorted(ever)}"
 
     @invariant()
     def memory_agrees(self):
         if not self.paged:
             c = self.policy.cache
-            self.policy.flush()
             live = {s.seq_id for g in self.sched.running for s in g.seqs}
             assert set(c.seq_ids) == live
             for g in self.sched.running:
@@ -181,6 +182,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.memory_agrees()
         self.one_place_each()
         assert not self.sched.rejected, "a request that fits was rejected"
+        # Progress within a bound derived from the work (tests/test_scheduler_liveness.py
+        # explains it): every step computes a token or preempts a group.
+        work = [max(g.n, g.beam_width) * (g.prompt_len + g.output_len) for g in self.groups]
+        pre = [g.num_preemptions for g in self.groups]
+        assert self.steps <= sum(w * (1 + p) for w, p in zip(work, pre)) + sum(pre)
         for g in self.groups:
             assert g.status == FINISHED
             if g.beam_width == 1:

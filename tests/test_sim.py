@@ -266,3 +266,38 @@ def test_experiment_json_with_numeric_keys(tmp_path):
     assert main(["experiment", "4", "--num-requests", "10", "--quick", "--json", str(p)]) == 0
     d = json.loads(p.read_text())
     assert set(d) == {"sharegpt", "alpaca"} and "16" in d["alpaca"]
+
+
+# ---- nothing hangs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [dict(n=3), dict(n=1), dict(n=2), dict(beam_width=3)])
+def test_a_pool_too_small_for_every_request_refuses_them_instead_of_hanging(kw):
+    # This run (`minipaged simulate --num-requests 30 --n 3 --preemption swap --kv-cache-gb
+    # 0.05`) once spun forever on a swapped group that could never come back.
+    from time_limit import time_limit
+
+    with time_limit(30):
+        r = simulate(SimConfig(num_requests=30, preemption_mode="swap", kv_cache_gb=0.05, **kw))
+    assert r.num_rejected == 30 and r.num_finished == 0 and r.num_steps == 0
+    assert "needs up to" in r.extra["first_rejection"] and "num_blocks=4" in \
+        r.extra["first_rejection"]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_under_pressure_parallel_samples_finish_or_are_refused(mode):
+    from time_limit import time_limit
+
+    with time_limit(60):  # also hung once, with 1 GiB
+        r = simulate(SimConfig(num_requests=30, n=3, preemption_mode=mode, kv_cache_gb=1.0))
+    assert r.num_finished + r.num_rejected == 30 and r.num_finished > 0
+    assert r.num_preemptions > 0 and r.num_swapped_out > 0  # groups of 3 swap when they can
+
+
+def test_the_simulator_reports_a_step_that_does_nothing(monkeypatch):
+    from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerOutput
+
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: SchedulerOutput())
+    with pytest.raises(NoProgressError, match=r"step 0: no progress: request \(0, 0\) "
+                                              r"\(waiting, 1 sequence\(s\)"):
+        simulate(SimConfig(num_requests=3))

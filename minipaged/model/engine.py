@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -51,7 +52,13 @@ from minipaged.model.sampling import (
 )
 from minipaged.model.tokenizer import CharTokenizer, prompt_ids
 from minipaged.serving.memory_policy import PagedPolicy
-from minipaged.serving.scheduler import FINISHED, Scheduler, SchedulerConfig, StepResult
+from minipaged.serving.scheduler import (
+    FINISHED,
+    NoProgressError,
+    Scheduler,
+    SchedulerConfig,
+    StepResult,
+)
 from minipaged.serving.swap import KVCacheManager
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -146,9 +153,8 @@ class LLM:
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.preemption = preemption
         self.chunked_prefill = bool(chunked_prefill)
-        self.manager = KVCacheManager(self.num_blocks, self.block_size,
-                                      enable_prefix_caching=self.enable_prefix_caching,
-                                      num_cpu_blocks=num_cpu_blocks)
+        self.num_cpu_blocks = num_cpu_blocks
+        self.manager = self._new_manager()
         self.runner = PagedRunner(model, self.num_blocks, self.block_size,
                                   num_cpu_blocks=num_cpu_blocks, backend=backend)
         self.sched_config = SchedulerConfig(
@@ -171,16 +177,10 @@ class LLM:
     def _output_len(self, ids, params) -> int:
         return min(params.max_tokens, self.model.cfg.max_seq_len - len(ids))
 
-    def _check_fits(self, i, ids, params) -> None:
-        """A request that could never fit, even alone in an empty pool, is refused up front
-        (the scheduler would otherwise preempt it over and over)."""
-        final = len(ids) + self._output_len(ids, params) - 1
-        blocks = -(-final // self.block_size) * params.num_seqs
-        if blocks > self.num_blocks:
-            raise ValueError(
-                f"prompts[{i}] needs up to {blocks} blocks ({params.num_seqs} sequence(s) of up "
-                f"to {final} tokens, block_size={self.block_size}) but num_blocks="
-                f"{self.num_blocks}: raise num_blocks or lower max_tokens")
+    def _new_manager(self) -> KVCacheManager:
+        return KVCacheManager(self.num_blocks, self.block_size,
+                              enable_prefix_caching=self.enable_prefix_caching,
+                              num_cpu_blocks=self.num_cpu_blocks)
 
     # ---- generate ----------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | None = None, *,
@@ -202,15 +202,21 @@ class LLM:
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
-        if params.beam_width > 1 and self.enable_prefix_caching:
-            raise ValueError("beam search forks beams (copy-on-write, vLLM v0); it is not "
-                             "available with enable_prefix_caching=True")
         encoded = self._encode(prompts)
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
                    for p in prompts]
+        sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
+        # v1 mode: with prefix caching there is no fork; n samples become n requests whose
+        # full prompt blocks come out of the prefix cache.
+        split = params.n > 1 and self.enable_prefix_caching
         for i, ids in enumerate(encoded):
-            self._check_fits(i, ids, per_prompt[i])
+            # Refused up front, before anything runs: a request that could not run to its end
+            # even alone in an empty pool (the scheduler's own rule).
+            final_len = len(ids) + self._output_len(ids, per_prompt[i]) - 1
+            reason = sched.refusal(1 if split else params.num_seqs, final_len)
+            if reason is not None:
+                raise ValueError(f"prompts[{i}] {reason}: raise num_blocks or lower max_tokens")
         if arrival_steps is None:
             arrival_steps = [0] * len(encoded)
         arrival_steps = list(arrival_steps)
@@ -222,21 +228,35 @@ class LLM:
         self._params, self._seed = params, resolve_seed(params)
         self._return_logits = return_logits
         self._first_token: dict[int, float] = {}
-        sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
-        # v1 mode: with prefix caching there is no fork; n samples become n requests whose
-        # full prompt blocks come out of the prefix cache.
-        split = params.n > 1 and self.enable_prefix_caching
         self._reqs: list[_Request] = []
         for i, ids in enumerate(encoded):
             for j in range(params.n if split else 1):
                 self._reqs.append(_Request(i, ids, first_index=j, params=per_prompt[i]))
         self._live: dict[int, _SeqState] = {}
-        pending = sorted(range(len(self._reqs)),
-                         key=lambda r: arrival_steps[self._reqs[r].prompt_index])
-        step = 0
+        try:
+            self.num_steps += self._run(sched, [int(a) for a in arrival_steps], split)
+        except BaseException:
+            # Interrupted (an on_step callback raised, Ctrl-C): the manager may still hold this
+            # call's sequences and, with prefix caching, blocks registered by hash whose K/V
+            # the interrupted step never wrote. Start over from an empty manager, so that the
+            # next generate is exact.
+            self.manager = self._new_manager()
+            raise
+        return self._collect(prompts, encoded)
+
+    def _run(self, sched: Scheduler, arrival_steps: list[int], split: bool) -> int:
+        """The scheduling loop: each request joins at its arrival step, then one step at a time
+        until all are done; an idle engine jumps straight to the next arrival. Returns the
+        number of steps run."""
+        params = self._params
+        pending = deque(sorted(range(len(self._reqs)),
+                               key=lambda r: arrival_steps[self._reqs[r].prompt_index]))
+        step = steps_run = 0
         while pending or sched.has_unfinished():
+            if not sched.has_unfinished():
+                step = max(step, arrival_steps[self._reqs[pending[0]].prompt_index])
             while pending and arrival_steps[self._reqs[pending[0]].prompt_index] <= step:
-                r = pending.pop(0)
+                r = pending.popleft()
                 req = self._reqs[r]
                 req.group = sched.add_request(
                     r, req.ids, self._output_len(req.ids, req.params), arrival_s=float(step),
@@ -246,17 +266,16 @@ class LLM:
                 self._live[req.group.seqs[0].seq_id] = st
                 if params.beam_width > 1:
                     req.beams[req.group.seqs[0].seq_id] = Beam([], 0.0)
-            if sched.has_unfinished():
+            if sched.has_unfinished():  # (always: every request passed the refusal check)
                 self._step(sched, step)
+                steps_run += 1
             step += 1
-        self.num_steps += step
-        if sched.rejected:
-            raise RuntimeError(f"the scheduler rejected requests "
-                               f"{[g.request_id for g in sched.rejected]}")
-        return self._collect(prompts, encoded)
+        return steps_run
 
     def _step(self, sched: Scheduler, step: int) -> None:
         out = sched.schedule()
+        if out.is_empty:  # the scheduler raises first; this guards any other scheduler
+            raise NoProgressError(f"step {step}: {sched.stall_report()}")
         self.num_preemptions += len(out.preempted)
         r, m = self.runner, self.manager
         # Data movement first, in the scheduler's order: swap-outs, swap-ins, copies.

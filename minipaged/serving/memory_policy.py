@@ -3,25 +3,27 @@
 What this teaches: the scheduler (``scheduler.py``) decides *who* runs; a memory policy decides
 *whether there is room*. Keeping the two apart is what lets one scheduler compare vLLM's paged
 cache with the Orca baselines slot for slot (paper section 6.1): same requests, same FCFS order,
-same preemption rules; only the memory differs. Read before: ``kv_cache.py``, ``contiguous.py``,
-``swap.py``. Read next: ``scheduler.py``.
+same preemption rules; only the memory differs.
+
+Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 
 The interface (``MemoryPolicy``), in vLLM's words:
 
-    admit(seqs)           memory for sequences about to be prefilled (a new prompt, or prompt +
-                          generated tokens after a recompute preemption); all or nothing; returns
-                          the tokens already cached per sequence (prefix caching) or None
-    append_slot(id, tok)  room for one more token (a decode step); raises ``oom_error``, state
-                          unchanged, when there is none
-    can_append(ids)       room for one more token in every one of ``ids`` (a multi-sequence
-                          group is checked before any of it is appended: all or nothing)
+    refusal(width, final_len)  why a request could never run to its end, even alone in an
+                          empty cache (None: it can); such a request is refused up front
+    admit(ids, tokens, final_len)  memory for sequences about to be prefilled (a new prompt,
+                          or prompt + generated tokens after a recompute); all or nothing;
+                          the tokens already cached per sequence (prefix caching), or None
+    can_append(ids)       room for one more token in every one of ``ids`` (a group is checked
+                          before any of it is appended: all or nothing); then append_slot
     fork / free           copy-on-write sharing of a parent's blocks; release a sequence
     swap_out / swap_in    preemption by swapping (paged only), block mappings returned
     usage(...)            the paper's four categories of KV memory, now
 
 Paged (``PagedPolicy``) is a thin layer over ``KVCacheManager`` plus vLLM's *watermark*: a new
 request is admitted only if a few free blocks (1% by default) remain afterwards, so that running
-sequences can still grow for a while without being preempted at once.
+sequences can still grow for a while without being preempted at once (vLLM v0,
+``vllm/core/block_manager_v1.py``, ``watermark_blocks``).
 
 Contiguous (``ContiguousPolicy``, the Orca baselines) reserves each request's region at admission
 for its whole final length, so decoding never runs out and never preempts: the waste is paid up
@@ -32,12 +34,11 @@ sequences, so parallel sampling and beam search run with the paged policy only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Mapping
 
-from minipaged.contiguous.buddy import OutOfMemoryError
+from minipaged._checks import OutOfBlocksError, cdiv, check_choice, check_float, check_int
 from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.contiguous.usage import KVUsage
-from minipaged.paged.block_allocator import OutOfBlocksError
 from minipaged.serving.swap import KVCacheManager
 
 SeqId = Hashable
@@ -47,25 +48,23 @@ class MemoryPolicy(ABC):
     """Base class: the scheduler's view of a KV cache. See the module docstring."""
 
     name = "abstract"
-    supports_swap = False
     supports_sharing = False
-    oom_error: type[Exception] = OutOfBlocksError
-    # Hot-path methods, called once per token or per sequence: a subclass may bind them to
-    # its manager's own methods in __init__ (no extra call layer), so they are declared here
-    # as attributes rather than abstract methods.
-    append_slot: Callable[[SeqId, int], object]
-    can_append: Callable[[list[SeqId]], bool]
-    free: Callable[[SeqId], None]
 
     @abstractmethod
-    def fits_ever(self, lens: list[int], final_len: int) -> bool:
-        """Could these sequences fit in an empty cache? (False: reject, never admit.)"""
-        ...
+    def refusal(self, width: int, final_len: int) -> str | None: ...
 
     @abstractmethod
     def admit(self, seq_ids: list[SeqId], token_ids: list[list[int]],
-              final_len: int) -> list[int] | None:
-        ...
+              final_len: int) -> list[int] | None: ...
+
+    @abstractmethod
+    def can_append(self, seq_ids: list[SeqId]) -> bool: ...
+
+    @abstractmethod
+    def append_slot(self, seq_id: SeqId, token_id: int) -> None: ...
+
+    @abstractmethod
+    def free(self, seq_id: SeqId) -> None: ...
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
         raise ValueError(f"the {self.name} policy cannot share memory between sequences "
@@ -74,31 +73,23 @@ class MemoryPolicy(ABC):
     def take_copies(self) -> list[tuple[int, int]]:
         return []
 
-    def can_swap_in(self, seq_ids: list[SeqId]) -> bool:
-        return False
-
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
-        return False
-
-    def swap_out(self, seq_ids: list[SeqId]) -> list[tuple[int, int]]:
-        raise ValueError(f"the {self.name} policy cannot swap")
-
-    def swap_in(self, seq_ids: list[SeqId]) -> list[tuple[int, int]]:
-        raise ValueError(f"the {self.name} policy cannot swap")
+        return False  # so swap_out and the swap-in methods are never called
 
     @abstractmethod
-    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
-        ...
+    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage: ...
 
     @abstractmethod
     def blocks_in_use(self) -> int:
         """Physical blocks (paged) or slots (contiguous) held now."""
-        ...
 
     @property
     @abstractmethod
-    def total_slots(self) -> int:
-        ...
+    def total_slots(self) -> int: ...
+
+    def describe(self) -> str:
+        """The numbers a stuck scheduler reports."""
+        return f"{self.name}, {self.blocks_in_use()} of {self.total_slots} slots in use"
 
 
 class PagedPolicy(MemoryPolicy):
@@ -107,28 +98,30 @@ class PagedPolicy(MemoryPolicy):
     supports_sharing = True
 
     def __init__(self, manager: KVCacheManager, *, watermark: float = 0.01) -> None:
-        if not 0 <= watermark < 1:
-            raise ValueError(f"watermark={watermark} must be in [0, 1)")
+        watermark = check_float("watermark", watermark, low=0.0)
+        if watermark >= 1:
+            raise ValueError(f"watermark={watermark} is out of range: expected in [0, 1)")
         self.manager = manager
         self.block_size = manager.block_size
         self.watermark_blocks = int(watermark * manager.num_blocks)
         self.name = f"paged (block {manager.block_size})"
-        self.supports_swap = manager.num_free_cpu_blocks > 0
-        self.append_slot = manager.append_slot  # the hot path: no extra Python frame per token
-        self.can_append = manager.can_append_slots
-        self.fork = manager.fork
-        self.free = manager.free
-        self.take_copies = manager.take_copies
-        self.can_swap_out = manager.can_swap_out
-        self.swap_in = manager.swap_in
-        self.swap_out = manager.swap_out
+        # The GPU blocks a swapped-out group held (``swap_out`` returns one pair per block, a
+        # block shared inside the group once), by sequence: ``can_swap_in`` needs them back.
+        self._swapped_blocks: dict[SeqId, int] = {}
 
-    def _blocks(self, lens: Iterable[int]) -> int:
-        bs = self.block_size
-        return sum([-(-n // bs) for n in lens])
+    def _blocks(self, lens: list[int]) -> int:
+        return sum(cdiv(n, self.block_size) for n in lens)
 
-    def fits_ever(self, lens: list[int], final_len: int) -> bool:
-        return self._blocks(lens) <= self.manager.num_blocks - self.watermark_blocks
+    def refusal(self, width, final_len):
+        # The worst case: every sequence at its final length, sharing nothing (a recompute
+        # re-prefills each sequence on its own), admitted with the watermark still free.
+        need = width * cdiv(final_len, self.block_size)
+        room = self.manager.num_blocks - self.watermark_blocks
+        if need <= room:
+            return None
+        minus = f" minus a watermark of {self.watermark_blocks}" if self.watermark_blocks else ""
+        return (f"needs up to {need} blocks ({width} sequence(s) of up to {final_len} tokens, "
+                f"block_size={self.block_size}) but num_blocks={self.manager.num_blocks}{minus}")
 
     def admit(self, seq_ids, token_ids, final_len):
         m = self.manager
@@ -137,28 +130,73 @@ class PagedPolicy(MemoryPolicy):
         need = self._blocks([len(t) for t in token_ids])
         if not m.enable_prefix_caching and m.num_free_blocks - need < self.watermark_blocks:
             return None
-        done: list[int] = []
+        cached: list[int] = []
         try:
             for sid, toks in zip(seq_ids, token_ids):
-                done.append(m.allocate(sid, toks))
+                cached.append(m.allocate(sid, toks))
         except OutOfBlocksError:
-            for sid in seq_ids[:len(done)]:
+            for sid in seq_ids[:len(cached)]:  # all or nothing: give back what was taken
                 m.free(sid)
             return None
         if m.num_free_blocks < self.watermark_blocks:  # a prefix-cache admission went too far
             for sid in seq_ids:
                 m.free(sid)
             return None
-        return done
+        return cached
+
+    def can_append(self, seq_ids):
+        # vLLM v0's rule (``block_manager_v1.py``, ``can_append_slots``): one free block per
+        # sequence is enough, since a token takes at most one new block (a full last block, or
+        # a shared one copied on write). vLLM stops there and preempts; here the manager's
+        # exact count gets the last word (a sequence whose last block has room needs none).
+        m = self.manager
+        return len(seq_ids) <= m.num_free_blocks or m.can_append_slots(seq_ids)
+
+    def append_slot(self, seq_id, token_id):
+        self.manager.append_slot(seq_id, token_id)
+
+    def fork(self, parent_id, child_id):
+        self.manager.fork(parent_id, child_id)
+
+    def free(self, seq_id):
+        self._swapped_blocks.pop(seq_id, None)
+        self.manager.free(seq_id)
+
+    def take_copies(self):
+        return self.manager.take_copies()
+
+    def can_swap_out(self, seq_ids):
+        return self.manager.can_swap_out(seq_ids)  # False without a CPU pool, or a full one
+
+    def swap_out(self, seq_ids):
+        mapping = self.manager.swap_out(seq_ids)
+        for sid in seq_ids:
+            self._swapped_blocks[sid] = len(mapping)
+        return mapping
+
+    def _swap_in_need(self, seq_ids) -> int:
+        # vLLM v0's conservative rule (block_manager_v1.py, ``can_swap_in``): the group's blocks
+        # plus one new block per sequence, which it may take right after coming back.
+        return self._swapped_blocks[seq_ids[0]] + len(seq_ids) + self.watermark_blocks
 
     def can_swap_in(self, seq_ids):
-        # Room for the group's blocks, one new slot per sequence, and the watermark.
-        m = self.manager
-        need = len({b for s in seq_ids for b in m.cpu_block_table(s)}) + len(seq_ids)
-        return need + self.watermark_blocks <= m.num_free_blocks
+        return self._swap_in_need(seq_ids) <= self.manager.num_free_blocks
+
+    def can_ever_swap_in(self, seq_ids):
+        return self._swap_in_need(seq_ids) <= self.manager.num_blocks
+
+    def swap_in(self, seq_ids):
+        for sid in seq_ids:
+            del self._swapped_blocks[sid]
+        return self.manager.swap_in(seq_ids)
 
     def usage(self, final_lens, next_final_len):
         return self.manager.usage(final_lens)
+
+    def describe(self) -> str:
+        m = self.manager
+        return (f"{self.name}, {m.num_free_blocks} of {m.num_blocks} blocks free, watermark "
+                f"{self.watermark_blocks}")
 
     def blocks_in_use(self) -> int:
         return self.manager.num_blocks - self.manager.num_free_blocks
@@ -171,7 +209,6 @@ class PagedPolicy(MemoryPolicy):
 class ContiguousPolicy(MemoryPolicy):
     """Orca: one contiguous region per request, reserved at admission for the final length."""
 
-    oom_error = OutOfMemoryError
     block_size = 1
 
     def __init__(self, cache: ContiguousKVCache) -> None:
@@ -180,25 +217,17 @@ class ContiguousPolicy(MemoryPolicy):
                              "scheduler keeps accounting only")
         self.cache = cache
         self.name = f"orca-{cache.policy}"
-        # Decode tokens are counted here and handed to the cache in one ``advance`` per
-        # sequence when its accounting is read (``usage``): the reservation already holds every
-        # slot, so appending can never fail, and one call per token would dominate a simulation.
-        self._pending: dict[SeqId, int] = {}
 
-    def append_slot(self, seq_id: SeqId, token_id: int) -> None:
-        p = self._pending
-        p[seq_id] = p.get(seq_id, 0) + 1
-
-    def flush(self) -> None:
-        """Hand every pending decode token to the cache (``advance``)."""
-        for sid, k in self._pending.items():
-            self.cache.advance(sid, k)
-        self._pending.clear()
-
-    def fits_ever(self, lens, final_len):
+    def refusal(self, width, final_len):
         c = self.cache
-        return len(lens) == 1 and final_len <= c.max_seq_len and (
-            c.reservation_size(final_len) <= c.num_slots)
+        if width > 1:
+            return f"the {self.name} policy cannot share memory between sequences"
+        if final_len > c.max_seq_len:
+            return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
+        if c.reservation_size(final_len) > c.num_slots:
+            return (f"needs a region of {c.reservation_size(final_len)} slots but the cache "
+                    f"has {c.num_slots}")
+        return None
 
     def admit(self, seq_ids, token_ids, final_len):
         if len(seq_ids) != 1:
@@ -211,20 +240,20 @@ class ContiguousPolicy(MemoryPolicy):
         return [0]
 
     def can_append(self, seq_ids):
-        return True
+        return True  # the reservation already holds every slot up to the final length
+
+    def append_slot(self, seq_id, token_id):
+        self.cache.advance(seq_id, 1)
 
     def free(self, seq_id):
-        self._pending.pop(seq_id, None)
         self.cache.release(seq_id)
 
     def usage(self, final_lens, next_final_len):
-        self.flush()
         need = None if next_final_len is None else self.cache.reservation_size(
             min(next_final_len, self.cache.max_seq_len))
         return self.cache.usage(need)
 
     def blocks_in_use(self) -> int:
-        self.flush()
         return self.cache.num_slots - self.cache.num_free
 
     @property
@@ -239,6 +268,9 @@ def make_policy(name: str, *, num_slots: int, block_size: int = 16, max_seq_len:
                 enable_prefix_caching: bool = False, num_cpu_blocks: int = 0,
                 watermark: float = 0.01) -> MemoryPolicy:
     """A policy by its command-line name over ``num_slots`` token slots of KV memory."""
+    check_choice("policy", name, POLICY_NAMES)
+    num_slots = check_int("num_slots", num_slots, low=1)
+    block_size = check_int("block_size", block_size, low=1)
     if name == "paged":
         if num_slots < block_size:
             raise ValueError(f"num_slots={num_slots} holds no block of block_size={block_size}")
@@ -246,8 +278,6 @@ def make_policy(name: str, *, num_slots: int, block_size: int = 16, max_seq_len:
                            enable_prefix_caching=enable_prefix_caching,
                            num_cpu_blocks=num_cpu_blocks)
         return PagedPolicy(m, watermark=watermark)
-    if name in ("orca-max", "orca-pow2", "orca-oracle"):
-        cache = ContiguousKVCache(num_slots, 1, 1, policy=name.split("-")[1],
-                                  max_seq_len=max_seq_len, store_kv=False)
-        return ContiguousPolicy(cache)
-    raise ValueError(f"policy={name!r} is not one of {POLICY_NAMES}")
+    cache = ContiguousKVCache(num_slots, 1, 1, policy=name.split("-")[1],
+                              max_seq_len=max_seq_len, store_kv=False)
+    return ContiguousPolicy(cache)

@@ -20,13 +20,16 @@ counted) we can only infer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
-from minipaged.sim.simulator import SimConfig, max_sustainable_rate, simulate
+from minipaged._checks import cdiv
+from minipaged.sim.simulator import SimConfig, simulate
 from minipaged.sim.workloads import make_workload
 
 EXPERIMENTS_HELP = __doc__
 
-# The paper's figures (Kwon et al., SOSP 2023), [fig] = read off a figure.
+# The paper's figures (Kwon et al., SOSP 2023, Fig. 2 and Fig. 15), [fig] = read off a figure.
 PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV memory
     "orca-max": (20.4, 13.3, 57.3, 8.9),
     "orca-pow2": (26.8, 17.9, 13.6, 41.6),
@@ -36,6 +39,29 @@ PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV
 PAPER_FIG15_ALPACA = {"parallel": {2: 6.09, 4: 8.53, 6: 9.79},
                       "beam": {2: 37.56, 4: 53.13, 6: 55.16}}
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
+
+
+def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
+                         progress: Callable[[str], None] | None = None) -> dict:
+    """The highest request rate whose mean normalized latency stays within ``factor`` x the
+    unloaded one (requests arriving so far apart that each runs alone). Bisection between 0 and
+    1.5 x the saturated throughput (all requests at t=0), ``iters`` halvings."""
+    base_cfg = replace(cfg, request_rate=1e-4, num_requests=min(cfg.num_requests, 50))
+    base = simulate(base_cfg).normalized_latency_s_per_token
+    sat = simulate(replace(cfg, request_rate=math.inf))
+    lo, hi = 0.0, 1.5 * sat.throughput_requests_per_s
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        r = simulate(replace(cfg, request_rate=mid))
+        ok = r.normalized_latency_s_per_token <= factor * base
+        if progress is not None:
+            progress(f"rate {mid:.3f} req/s: {r.normalized_latency_s_per_token:.4f} s/token "
+                     f"({'ok' if ok else 'blown up'})")
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return {"max_rate_req_per_s": lo, "unloaded_latency_s_per_token": base,
+            "threshold_s_per_token": factor * base,
+            "saturated_throughput_req_per_s": sat.throughput_requests_per_s,
+            "saturated_avg_batch_size": sat.avg_batch_size}
 
 
 def _pct(x: float | None) -> str:
@@ -133,7 +159,7 @@ def _blocks_read_per_token(workload: str, bs: int, num_requests: int, seed: int)
     tot = cnt = 0
     for r in reqs:
         for ctx in range(r.prompt_len + 1, r.prompt_len + r.output_len):
-            tot += -(-ctx // bs)
+            tot += cdiv(ctx, bs)
             cnt += 1
     return tot / max(cnt, 1)
 
@@ -161,7 +187,7 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
                 if used else 0.0,
                 "internal_fragmentation": u["internal_fragmentation"],
                 "block_table_bytes_per_request": 4 * sum(
-                    -(-(q.prompt_len + q.output_len - 1) // bs) for q in reqs) / len(reqs),
+                    cdiv(q.prompt_len + q.output_len - 1, bs) for q in reqs) / len(reqs),
                 "blocks_read_per_decode": _blocks_read_per_token(w, bs, min(num_requests, 200),
                                                                  seed),
                 "avg_batch_size": r.avg_batch_size,

@@ -1,12 +1,12 @@
 """The serving simulator: the real scheduler and the real memory managers, a cost model for time.
 
 What this teaches: how the paper's serving results come about. Requests arrive (``workloads``),
-the scheduler (``serving.scheduler``) batches them step by step over a real ``KVCacheManager``
-or ``ContiguousKVCache`` (``minipaged.serving.memory_policy``), and instead of running a model, each
-step's duration comes from a roofline cost model (``cost.py``) and its sampled tokens from a
-deterministic stand-in. Memory decides the batch size, the batch size decides the throughput:
-that is the paper's argument (sections 3 and 6), measured here with the project's own managers.
-Read before: ``cost.py``, ``minipaged/scheduler.py``. Read next: ``experiments.py``.
+the scheduler (``serving/scheduler.py``) batches them step by step over a real
+``KVCacheManager`` or ``ContiguousKVCache`` (``serving/memory_policy.py``); each step's duration
+comes from a roofline cost model (``cost.py``), its sampled tokens from a deterministic stand-in
+instead of a model. Memory decides the batch size, the batch size decides the throughput: the
+paper's argument (sections 3 and 6), measured with the project's own managers.
+Read next: ``sim/experiments.py``.
 
 What is measured (``SimResult``; ``--json`` writes it):
     kv_usage            time-averaged fractions of all KV slots per category (``usage.py``);
@@ -26,13 +26,19 @@ What is measured (``SimResult``; ``--json`` writes it):
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from minipaged._checks import cdiv
 from minipaged.contiguous.usage import CATEGORIES
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
-from minipaged.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
+from minipaged.serving.scheduler import (
+    NoProgressError,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    StepResult,
+)
 from minipaged.sim.cost import CostModel
 from minipaged.sim.memory import check_block_size, preset
 from minipaged.sim.workloads import make_workload, prompt_token_ids
@@ -107,57 +113,60 @@ def _mix(*xs: int) -> int:
     return h
 
 
+def next_token(token_ids: list[int]) -> int:
+    """The stand-in model's next token: a linear congruential step on the last token and the
+    length, so a sequence's continuation depends on its history only."""
+    return (token_ids[-1] * 1103515245 + len(token_ids) * 12345 + 1) % VOCAB + 1
+
+
 class SimExecutor:
     """Stands in for the model: a step's duration from the cost model, tokens from a hash of the
     sequence's history (so a preempted and resumed sequence produces exactly the same tokens).
 
-    Beam search: the k new beams pick their parents uniformly at random among the current
-    beams (seeded): a strong beam often supplies several of the top k continuations and a weak
-    one none. This choice decides how much of the generated text beams share, so the measured
-    saving is only as good as this model of beam survival."""
+    Parallel sampling: the prompt's n samples start with n different tokens, then each goes on
+    with ``next_token``. Beam search: each step, the k new beams pick their parents uniformly at
+    random among the current beams (seeded): a strong beam often supplies several of the top k
+    continuations and a weak one none. This choice decides how much of the generated text beams
+    share, so the measured saving is only as good as this model of beam survival."""
 
     def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
-                 sharing: bool = True, block_size: int | None = None) -> None:
+                 block_size: int | None = None) -> None:
         self.cost, self.block_bytes, self.seed = cost, block_bytes, seed
-        self.sharing = sharing  # False: no group ever samples more than one token (fast path)
         self.block_size = block_size  # None: a contiguous cache (no per-block cost)
         self.blocks_read = 0  # running total, for experiment 4
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        sum_ctx = sum([c.end for c in out.prefills]) + sum([len(s.token_ids)
-                                                            for s in out.decodes])
+        sum_ctx = sum(c.end for c in out.prefills) + sum(len(s.token_ids) for s in out.decodes)
         nb = 0
         if self.block_size is not None:
             bs = self.block_size
-            nb = sum([-(-c.end // bs) for c in out.prefills]) + sum(
-                [-(-len(s.token_ids) // bs) for s in out.decodes])
+            nb = sum(cdiv(c.end, bs) for c in out.prefills) + sum(
+                cdiv(len(s.token_ids), bs) for s in out.decodes)
             self.blocks_read += nb
         dt = self.cost.step_time(out.num_tokens, sum_ctx, blocks_read=nb,
                                  blocks_swapped=len(out.blocks_to_swap_in)
                                  + len(out.blocks_to_swap_out), block_bytes=self.block_bytes)
-        if not self.sharing:  # same formula as below, one list comprehension
-            return StepResult(dt, [(s.token_ids[-1] * 1103515245 + len(s.token_ids) * 12345 + 1)
-                                   % VOCAB + 1 for s in out.sampled])
         samples: list = []
-        beams: dict[int, list[int]] = {}
+        beams: dict[int, list[int]] = {}  # group order -> its beams' indices in out.sampled
         for i, s in enumerate(out.sampled):
             g = s.group
-            toks = s.token_ids
-            nxt = (toks[-1] * 1103515245 + len(toks) * 12345 + 1) % VOCAB + 1
             if g.beam_width > 1:
-                beams.setdefault(id(g), []).append(i)
-                samples.append([])
-            elif g.n > 1 and len(toks) == g.prompt_len:
-                samples.append([(nxt + j * 7919) % VOCAB + 1 for j in range(g.n)])
+                beams.setdefault(g.order, []).append(i)
+                samples.append([])  # filled below, once the group's beams are all known
+            elif g.n > 1 and len(s.token_ids) == g.prompt_len:
+                first = next_token(s.token_ids)
+                samples.append([(first + j * 7919) % VOCAB + 1 for j in range(g.n)])
             else:
-                samples.append(nxt)
+                samples.append(next_token(s.token_ids))
         for idx in beams.values():
             g = out.sampled[idx[0]].group
             pos = len(out.sampled[idx[0]].token_ids)
-            for j in range(g.beam_width):
+            # The prompt's step makes k beams; every later step keeps as many as it samples
+            # (all k, except when a recomputed group's prefill chunks end in different steps).
+            k = g.beam_width if pos == g.prompt_len else len(idx)
+            for j in range(k):
                 h = _mix(self.seed, g.order, pos, j)
-                i = idx[h % len(idx)]
-                samples[i].append((h >> 20) % VOCAB + 1)
+                samples[idx[h % len(idx)]].append((h >> 20) % VOCAB + 1)
         return StepResult(dt, samples)
 
 
@@ -181,7 +190,6 @@ def build(cfg: SimConfig):
         preemption_mode=cfg.preemption_mode, keep_outputs=False))
     cost = CostModel.for_preset(p)
     ex = SimExecutor(cost, p.model.kv_bytes_per_token * cfg.block_size, cfg.seed,
-                     sharing=cfg.n > 1 or cfg.beam_width > 1,
                      block_size=cfg.block_size if cfg.policy == "paged" else None)
     return reqs, sched, ex, slots
 
@@ -197,8 +205,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
     per_group_n = 1 if v1_copies > 1 else cfg.n
     total_groups = len(reqs) * v1_copies
     sharing_run = cfg.n > 1 or cfg.beam_width > 1 or cfg.enable_prefix_caching
-    acc = dict.fromkeys(CATEGORIES, 0.0)
-    acc_sat = dict.fromkeys(CATEGORIES, 0.0)
+    acc, acc_sat = dict.fromkeys(CATEGORIES, 0.0), dict.fromkeys(CATEGORIES, 0.0)
     w_total = w_sat = w_pending = 0.0
     used_blocks_acc = unshared_acc = 0.0
     batch_acc, decode_steps = 0.0, 0
@@ -214,20 +221,14 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
                                   beam_width=cfg.beam_width)
             i += 1
         if not sched.has_unfinished():
-            now = reqs[i].arrival_s  # idle: jump to the next arrival
+            if i < len(reqs):
+                now = reqs[i].arrival_s  # idle: jump to the next arrival
             continue
         out = sched.schedule()
-        if out.is_empty:
-            if not sched.has_unfinished():
-                continue
-            if not sched.running and not sched.swapped:
-                g = sched.waiting[0]
-                raise RuntimeError(f"the scheduler is stuck: nothing runs and request "
-                                   f"{g.request_id!r} (prompt {g.prompt_len}) cannot be "
-                                   f"admitted into an idle cache")
+        if out.is_empty:  # the scheduler raises first; this guards any other scheduler
+            raise NoProgressError(f"step {step}: {sched.stall_report()}")
         res = ex.execute(out)
-        dt = res.duration_s
-        now += dt
+        now, dt = now + res.duration_s, res.duration_s
         sched.update(out, res, now)
         step += 1
         if out.decodes:
@@ -251,7 +252,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
                 unshared = 0
                 for g in sched.running:
                     for s in g.seqs:
-                        unshared += -(-(len(s.token_ids) - (0 if s.prefilling else 1)) // bs)
+                        unshared += cdiv(len(s.token_ids) - (0 if s.prefilling else 1), bs)
                 unshared_acc += unshared * w_pending
             w_pending = 0.0
         if progress is not None and step % progress_every == 0:
@@ -271,6 +272,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
             return None
         return {c: a[c] / (total * w) for c in CATEGORIES}
 
+    extra: dict = {"blocks_read_per_decode_seq": ex.blocks_read / max(1, batch_acc)
+                   if ex.block_size else None}
+    if sched.rejected:  # refused up front: why the first one could never run
+        extra["first_rejection"] = sched.rejections[sched.rejected[0].order]
     return SimResult(
         config=asdict(cfg),
         num_requests=total_groups,
@@ -290,41 +295,5 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         memory_saving=(1.0 - used_blocks_acc / unshared_acc) if (
             sharing_run and paged and unshared_acc > 0) else None,
         token_slots=total,
-        extra={"blocks_read_per_decode_seq": ex.blocks_read / max(1, batch_acc)
-               if ex.block_size else None},
+        extra=extra,
     )
-
-
-def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
-                         progress: Callable[[str], None] | None = None) -> dict:
-    """The highest request rate whose mean normalized latency stays within ``factor`` x the
-    unloaded one (requests arriving so far apart that each runs alone). Bisection between 0 and
-    1.5 x the saturated throughput (all requests at t=0), ``iters`` halvings."""
-    base_cfg = _replace(cfg, request_rate=1e-4, num_requests=min(cfg.num_requests, 50))
-    base = simulate(base_cfg).normalized_latency_s_per_token
-    sat = simulate(_replace(cfg, request_rate=math.inf))
-    lo, hi = 0.0, 1.5 * sat.throughput_requests_per_s
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        r = simulate(_replace(cfg, request_rate=mid))
-        ok = r.normalized_latency_s_per_token <= factor * base
-        if progress is not None:
-            progress(f"rate {mid:.3f} req/s: {r.normalized_latency_s_per_token:.4f} s/token "
-                     f"({'ok' if ok else 'blown up'})")
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return {"max_rate_req_per_s": lo, "unloaded_latency_s_per_token": base,
-            "threshold_s_per_token": factor * base,
-            "saturated_throughput_req_per_s": sat.throughput_requests_per_s,
-            "saturated_avg_batch_size": sat.avg_batch_size}
-
-
-def _replace(cfg: SimConfig, **kw) -> SimConfig:
-    d = asdict(cfg)
-    d.update(kw)
-    return SimConfig(**d)
-
-
-def timed(cfg: SimConfig) -> tuple[SimResult, float]:
-    t0 = time.perf_counter()
-    r = simulate(cfg)
-    return r, time.perf_counter() - t0

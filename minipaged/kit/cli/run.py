@@ -308,6 +308,9 @@ def simulate(args) -> int:
     for label, cell in SUMMARY_ROWS:
         t.add_row(label, cell(r))
     console.print(t)
+    if r.num_rejected:
+        console.print(f"{r.num_rejected} request(s) refused, the first because: "
+                      f"{r.extra['first_rejection']}")
     if args.json:
         write_json(console, args.json, r.as_dict())
     return 0

@@ -1,0 +1,242 @@
+"""Requests in, tokens out: the queues of continuous batching and the contract of one step.
+
+What this teaches: iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper section
+2.3). Requests do not wait for a batch to finish: between any two steps a request
+can join (``add_request``) and a sequence can leave (``update``, ``finish_seq``). A request is
+a *sequence group* (``sharing/sequence.py``) that lives in exactly one queue at a time:
+
+    waiting   arrived, holds no memory (never admitted, or preempted by recompute)
+    running   holds KV memory on the GPU; prefilling or decoding
+    swapped   preempted by swap: its blocks wait in the CPU pool
+    finished  every sequence reached its length (or was ended early by the executor)
+    rejected  refused up front: it could never run to its end, even alone (``rejections``)
+
+One step is a contract between the scheduler and an *executor* (the simulator's cost model, or
+a real model): the scheduler's plan (``SchedulerOutput``: prefill chunks, decodes, blocks to
+swap and copy), the executor's answer (``StepResult``: how long it took, the sampled tokens),
+and ``update``, which appends each sampled token, forks a sequence that sampled several
+(parallel sampling, beam search: the children share its blocks, copy-on-write) and frees the
+sequences that are done. In vLLM v0 that last part is the output processor's job
+(``vllm/engine/output_processor/single_step.py``); here it is a method, so that one class owns
+every queue. Which group runs, and who is preempted, is ``scheduler.py``'s business.
+
+Read next: ``serving/scheduler.py``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minipaged._checks import check_choice, check_float, check_int, check_token_ids
+from minipaged.serving.memory_policy import MemoryPolicy
+from minipaged.sharing.sequence import (
+    FINISHED,
+    REJECTED,
+    RUNNING,
+    PrefillChunk,
+    Sequence,
+    SequenceGroup,
+)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: max(max_model_len, 2048); 512 chunked
+    max_model_len: int = 2048
+    chunked_prefill: bool = False
+    preemption_mode: str = "recompute"  # or "swap"
+    keep_outputs: bool = True  # False: finished token streams are dropped (long simulations)
+
+    def __post_init__(self) -> None:
+        check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        check_int("max_num_seqs", self.max_num_seqs, low=1)
+        check_int("max_model_len", self.max_model_len, low=1)
+        b = check_int("max_num_batched_tokens", self.token_budget, low=1)
+        if not self.chunked_prefill and b < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={b} must be >= max_model_len="
+                             f"{self.max_model_len} without chunked prefill (a whole prompt "
+                             "is one step)")
+
+    @property
+    def token_budget(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 512 if self.chunked_prefill else max(self.max_model_len, 2048)
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan. Apply data movement in this order: swap-outs, swap-ins, copies (CoW),
+    then write the step's new K/V. ``sampled``: the sequences that get a new token, in the
+    order of ``StepResult.samples`` (finishing prefill chunks first, then decodes)."""
+
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)  # each computes its last token
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[tuple[SequenceGroup, str]] = field(default_factory=list)  # (group, mode)
+    sampled: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute, move or preempt: a step that makes no progress."""
+        return not (self.prefills or self.decodes or self.blocks_to_swap_out or self.preempted)
+
+
+@dataclass
+class StepResult:
+    """``samples[i]`` is for ``out.sampled[i]``: the next token, or a list of tokens (the
+    sequence continues with the first, each further one forks it: parallel sampling, beam
+    search; an empty list drops it: a beam that lost)."""
+
+    duration_s: float
+    samples: list
+
+
+class RequestQueues:
+    """The queues, requests joining them, and a step's results applied. ``Scheduler`` adds
+    ``schedule()``."""
+
+    def __init__(self, policy: MemoryPolicy, config: SchedulerConfig | None = None) -> None:
+        self.policy = policy
+        self.config = config or SchedulerConfig()
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.finished: list[SequenceGroup] = []
+        self.rejected: list[SequenceGroup] = []
+        self.rejections: dict[int, str] = {}  # group order -> why it was refused
+        self._next_seq_id = 0
+        self._next_order = 0
+
+    def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
+                    arrival_s: float = 0.0, n: int = 1, beam_width: int = 1) -> SequenceGroup:
+        """Queue one request; every argument is checked first, so a refused call queues
+        nothing. A request that could never run to its end, even alone in an empty cache (the
+        policy's ``refusal``, or wider than ``max_num_seqs``), comes back ``rejected``."""
+        cfg, where = self.config, f"request {request_id!r}"
+        try:
+            prompt = check_token_ids("prompt_token_ids", prompt_token_ids)
+            output_len = check_int("output_len", output_len, low=1)
+            n = check_int("n", n, low=1)
+            beam_width = check_int("beam_width", beam_width, low=1)
+            arrival_s = check_float("arrival_s", arrival_s, low=0.0)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from None
+        if len(prompt) + output_len > cfg.max_model_len:
+            raise ValueError(f"{where}: prompt_len={len(prompt)} + output_len={output_len} "
+                             f"exceeds max_model_len={cfg.max_model_len}")
+        if n > 1 and beam_width > 1:
+            raise ValueError(f"{where}: n={n}, beam_width={beam_width}: at most one of them > 1")
+        if (n > 1 or beam_width > 1) and not self.policy.supports_sharing:
+            raise ValueError(f"{where}: the {self.policy.name} policy cannot share memory "
+                             "between sequences (parallel sampling and beam search need "
+                             "--policy paged)")
+        if self.waiting and arrival_s < self.waiting[-1].arrival_s:
+            raise ValueError(f"{where}: arrival_s={arrival_s} is before the last waiting "
+                             f"request's {self.waiting[-1].arrival_s}: add requests in "
+                             "arrival order")
+        g = SequenceGroup(request_id, self._next_order, arrival_s, len(prompt), output_len,
+                          n, beam_width)
+        self._next_order += 1
+        g.seqs.append(self._new_seq(g, prompt))
+        reason = self.refusal(g.width, g.final_len)
+        if reason is None:
+            self.waiting.append(g)
+        else:
+            g.status = REJECTED
+            self.rejected.append(g)
+            self.rejections[g.order] = f"{where} {reason}"
+        return g
+
+    def refusal(self, width: int, final_len: int) -> str | None:
+        """Why a request of ``width`` sequences ending with ``final_len`` tokens with K/V could
+        never run to its end, even alone in an empty cache; None when it can."""
+        reason = self.policy.refusal(width, final_len)
+        if reason is None and width > self.config.max_num_seqs:
+            reason = f"runs {width} sequences at once but max_num_seqs={self.config.max_num_seqs}"
+        return reason
+
+    def _new_seq(self, g: SequenceGroup, token_ids: list[int]) -> Sequence:
+        s = Sequence(self._next_seq_id, g, token_ids)
+        self._next_seq_id += 1
+        return s
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(len(g.seqs) for g in self.running)
+
+    def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[SequenceGroup]:
+        """Apply a step's results at time ``now``; returns the groups that finished."""
+        if len(result.samples) != len(out.sampled):
+            raise ValueError(f"StepResult.samples has {len(result.samples)} entries for "
+                             f"{len(out.sampled)} sampled sequences")
+        for c in out.prefills:
+            c.seq.num_computed = c.end
+            if c.end == len(c.seq.token_ids):
+                c.seq.prefilling = False
+                if c.seq.group.first_token_s is None:
+                    c.seq.group.first_token_s = now
+        finished: list[Sequence] = []
+        for s, toks in zip(out.sampled, result.samples):
+            tokens = s.token_ids
+            s.num_computed = len(tokens)  # the step computed every token it had
+            if not isinstance(toks, list):  # one new token
+                tokens.append(toks)
+            elif not toks:  # a beam that lost: its blocks go (shared ones lose one user)
+                self.policy.free(s.seq_id)
+                s.group.seqs.remove(s)
+                if not s.group.seqs:
+                    raise ValueError(f"request {s.group.request_id!r}: every sequence was "
+                                     "dropped")
+                continue
+            else:  # parallel sampling / beam search: the children share the parent's blocks
+                for t in toks[1:]:
+                    child = self._new_seq(s.group, tokens + [t])
+                    child.num_computed, child.prefilling = len(tokens), False
+                    self.policy.fork(s.seq_id, child.seq_id)
+                    s.group.seqs.append(child)
+                    if len(child.token_ids) >= child.stop_len:
+                        finished.append(child)
+                tokens.append(toks[0])
+            if len(tokens) >= s.stop_len:
+                finished.append(s)
+        done = [s.group for s in finished if self._end_seq(s, now)]
+        if done:
+            self.running = [g for g in self.running if g.status == RUNNING]
+            self.finished += done
+        return done
+
+    def _end_seq(self, s: Sequence, now: float) -> bool:
+        g = s.group
+        self.policy.free(s.seq_id)
+        g.seqs.remove(s)
+        if self.config.keep_outputs:
+            g.outputs.append(s.token_ids)
+        if not g.seqs:
+            g.status, g.finish_s = FINISHED, now
+            return True
+        return False
+
+    def finish_seq(self, s: Sequence, now: float) -> bool:
+        """End a running sequence before its output length (an end-of-sequence token, a stop
+        string: the executor's decision), exactly as ``update`` ends one that reached it.
+        Returns True when that finished its whole group."""
+        if s.group.status != RUNNING or s not in s.group.seqs:
+            raise ValueError(f"{s!r} is not a running sequence")
+        if not self._end_seq(s, now):
+            return False
+        self.running = [g for g in self.running if g is not s.group]
+        self.finished.append(s.group)
+        return True
