@@ -269,7 +269,7 @@ def make_policy(name: str, *, num_slots: int, block_size: int = 16, max_seq_len:
                 watermark: float = 0.01) -> MemoryPolicy:
     """A policy by its command-line name over ``num_slots`` token slots of KV memory."""
     check_choice("policy", name, POLICY_NAMES)
-    num_slots = check_int("num_slots", num_slots, low=1)
+    num_slots = check_int("num_slots", num_slots, low=0)
     block_size = check_int("block_size", block_size, low=1)
     if name == "paged":
         if num_slots < block_size:
