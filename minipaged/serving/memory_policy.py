@@ -198,7 +198,7 @@ class ContiguousPolicy(MemoryPolicy):
     def fits_ever(self, lens, final_len):
         c = self.cache
         return len(lens) == 1 and final_len <= c.max_seq_len and (
-            c.reservation_size(final_len) <= c.num_slots)
+            c.reservation_size(lens[0], final_len) <= c.num_slots)
 
     def admit(self, seq_ids, token_ids, final_len):
         if len(seq_ids) != 1:
@@ -220,7 +220,7 @@ class ContiguousPolicy(MemoryPolicy):
     def usage(self, final_lens, next_final_len):
         self.flush()
         need = None if next_final_len is None else self.cache.reservation_size(
-            min(next_final_len, self.cache.max_seq_len))
+            1, min(next_final_len, self.cache.max_seq_len))  # prompt length not passed: 1
         return self.cache.usage(need)
 
     def blocks_in_use(self) -> int:
