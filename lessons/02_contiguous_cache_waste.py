@@ -5,8 +5,8 @@
 # dense [T, Hkv, D] array per request, so that attention reads it directly. Before vLLM, serving
 # systems did exactly that: when a request is admitted it gets ONE contiguous region of KV slots,
 # sized by a policy, because nobody knows yet how long its answer will be. The vLLM paper
-# (section 3, Fig. 2) measured where the memory of such systems goes, for three policies of its
-# Orca baselines (section 6.1):
+# measured where the memory of such systems goes (Fig. 2, from the runs of section 6.2), for
+# three policies of its Orca baselines (section 6.1):
 #
 # | policy   | reserves for a request of P prompt tokens that will end with F tokens    |
 # |----------|--------------------------------------------------------------------------|
@@ -16,11 +16,12 @@
 # |          | 2x", an output of 25 reserves 32 (section 6.1)                           |
 # | `oracle` | exactly F (needs to know the future)                                     |
 #
-# Every slot is then in one category (`minipaged/contiguous/usage.py`): **token** (K/V of a token that
-# exists), **reserved** (kept for a token the request will still produce), **internal
-# fragmentation** (reserved but never to be used: the request ends first), **external
-# fragmentation** (free, but in holes too small for the region the next request needs), and
-# **free**. Regions are placed by a buddy allocator, as the paper's baselines assume.
+# Every slot is then in one category (`minipaged/contiguous/usage.py`): **token** (K/V of a
+# token that exists), **reserved** (kept for a token the request will still produce),
+# **internal fragmentation** (reserved but never to be used: the request ends first),
+# **external fragmentation** (free, but in holes too small for the region the next request
+# needs), and **free**. Regions are placed by a buddy allocator, as the paper assumes its Orca
+# baselines do (section 6.1).
 #
 # Code: `minipaged/contiguous/buddy.py`, `minipaged/contiguous/cache.py`. Next: lesson 03
 # (paging).
