@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from minipaged._checks import check_float
 from minipaged.contiguous.usage import CATEGORIES
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
 from minipaged.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepResult
@@ -120,9 +121,10 @@ class SimExecutor:
 
     def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
                  sharing: bool = True, block_size: int | None = None,
-                 beam_displaced: float = BEAM_DISPLACED) -> None:
+                 beam_displaced: float | None = None) -> None:
         self.cost, self.block_bytes, self.seed = cost, block_bytes, seed
-        self.beam_displaced = float(beam_displaced)
+        d = self.BEAM_DISPLACED if beam_displaced is None else beam_displaced
+        self.beam_displaced = check_float("beam_displaced", d, low=0.0)
         self.sharing = sharing  # False: no group ever samples more than one token (fast path)
         self.block_size = block_size  # None: a contiguous cache (no per-block cost)
         self.blocks_read = 0  # running total, for experiment 4
