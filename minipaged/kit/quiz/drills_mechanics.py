@@ -103,9 +103,10 @@ def table_to_kernel(ctx: Context) -> Answer:
             "with -1 to the batch's longest table (KVCacheManager.block_tables); vLLM v1 keeps "
             "one persistent, zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] in "
             "its model runner and updates rows in place (vllm/v1/worker/block_table.py); v0 "
-            "padded with 0, to a fixed width under CUDA graphs. The kernel reads row s, entry "
-            "i for KV block i and never past seq_len, so the padding value does not matter. "
-            "The copy is tiny next to the KV the step reads."),
+            "padded with 0, to a fixed width under CUDA graphs (vllm/worker/model_runner.py). "
+            "The table stays flat because it is small, not because of how it is padded: the "
+            "kernel reads row s, entry i for KV block i and never past seq_len, so the padding "
+            "value does not matter, and the copy is tiny next to the KV the step reads."),
         figures=[
             ("block_tables for lengths 9, 3, 6 at BS 4",
              np.array2string(m.block_tables(["a", "b", "c"]))),
