@@ -125,8 +125,9 @@ console.print(f"P={P_big}, N={N_big}: recompute every step {recompute_big:,} pro
               f"layer, KV cache {P_big + N_big:,} ({recompute_big / (P_big + N_big):,.0f}x more)")
 
 # %% [markdown]
-# About 1.5 million projections per layer against 2000. Every production engine therefore
-# keeps the cache, and the question becomes how much memory it takes.
+# About 1.5 million projections per layer against 2000. Serving engines therefore keep the
+# cache (vLLM, and every engine the course meets), and the question becomes how much memory it
+# takes.
 #
 # ## Bytes per token: the formula
 #
@@ -137,7 +138,7 @@ console.print(f"P={P_big}, N={N_big}: recompute every step {recompute_big:,} pro
 # Grouped-query attention (fewer KV heads than query heads) is a direct cut in this number.
 
 # %%
-MODELS = [  # name, layers, query heads, KV heads, head size (public model configurations)
+MODELS = [  # name, layers, query heads, KV heads, head size (each model's published config)
     ("OPT-13B (paper's Table 1)", 40, 40, 40, 128),
     ("Llama-2-7B", 32, 32, 32, 128),
     ("Llama-3-8B (GQA)", 32, 32, 8, 128),
@@ -160,14 +161,14 @@ for name, layers, h, hkv, d in MODELS:
     t.add_row(name, str(layers), f"{h} / {hkv}", str(d), f"{b:,}", f"{b / 1024:,.0f} KiB",
               f"{b * 2048 / 2**30:.2f} GiB")
 console.print(t)
-assert per_token["OPT-13B (paper's Table 1)"] == 800 * 1024      # the paper's "800 KB"
+assert per_token["OPT-13B (paper's Table 1)"] == 800 * 1024      # the paper's "800 KB" (sec. 3)
 assert per_token["Llama-3-8B (GQA)"] == 128 * 1024
 
 # %% [markdown]
-# The paper's example: OPT-13B on one A100-40GB leaves about 12 GB for the KV cache after the
-# weights. At 800 KiB per token that is room for only about 15.7 thousand token slots, shared
-# by every request in the batch: a handful of 2048-token requests. Lesson 02 shows how a
-# contiguous cache wastes most of even that.
+# The paper's example (Table 1): OPT-13B on one A100-40GB leaves about 12 GB for the KV cache
+# after the weights. At 800 KiB per token (section 3) that is room for only about 15.7 thousand
+# token slots, shared by every request in the batch: a handful of 2048-token requests. Lesson
+# 02 shows how a contiguous cache wastes most of even that.
 
 # %%
 slots = 12 * 2**30 // per_token["OPT-13B (paper's Table 1)"]

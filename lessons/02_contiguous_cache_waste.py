@@ -5,22 +5,26 @@
 # dense [T, Hkv, D] array per request, so that attention reads it directly. Before vLLM, serving
 # systems did exactly that: when a request is admitted it gets ONE contiguous region of KV slots,
 # sized by a policy, because nobody knows yet how long its answer will be. The vLLM paper
-# (section 3, Fig. 2) measured where the memory of such systems goes, for three policies of its
-# Orca baselines (section 6.1):
+# measured where the memory of such systems goes (Fig. 2, from the runs of section 6.2), for
+# three policies of its Orca baselines (section 6.1):
 #
-# | policy   | reserves for a request that will end with F tokens |
-# |----------|----------------------------------------------------|
-# | `max`    | max_seq_len slots, whatever F is                   |
-# | `pow2`   | the next power of two >= F (at most max_seq_len)   |
-# | `oracle` | exactly F (needs to know the future)               |
+# | policy   | reserves for a request of P prompt tokens that will end with F tokens    |
+# |----------|--------------------------------------------------------------------------|
+# | `max`    | max_seq_len slots, whatever F is                                         |
+# | `pow2`   | P + next_pow2(F - P): the output rounded up to a power of two (at most   |
+# |          | max_seq_len); the paper: "over-reserves the space for outputs by at most |
+# |          | 2x", an output of 25 reserves 32 (section 6.1)                           |
+# | `oracle` | exactly F (needs to know the future)                                     |
 #
-# Every slot is then in one category (`minipaged/usage.py`): **token** (K/V of a token that
-# exists), **reserved** (kept for a token the request will still produce), **internal
-# fragmentation** (reserved but never to be used: the request ends first), **external
-# fragmentation** (free, but in holes too small for the region the next request needs), and
-# **free**. Regions are placed by a buddy allocator, as the paper's baselines assume.
+# Every slot is then in one category (`minipaged/contiguous/usage.py`): **token** (K/V of a
+# token that exists), **reserved** (kept for a token the request will still produce),
+# **internal fragmentation** (reserved but never to be used: the request ends first),
+# **external fragmentation** (free, but in holes too small for the region the next request
+# needs), and **free**. Regions are placed by a buddy allocator, as the paper assumes its Orca
+# baselines do (section 6.1).
 #
-# Code: `minipaged/buddy.py`, `minipaged/contiguous.py`. Next: lesson 03 (paging).
+# Code: `minipaged/contiguous/buddy.py`, `minipaged/contiguous/cache.py`. Next: lesson 03
+# (paging).
 
 # %%
 from __future__ import annotations
@@ -37,6 +41,11 @@ console = Console()
 GLYPH = {"token": "#", "reserved": "+", "internal_fragmentation": "-",
          "external_fragmentation": "x", "free": "."}
 console.print("legend: " + "   ".join(f"{g} {c}" for c, g in GLYPH.items()), markup=False)
+example = {p: ContiguousKVCache(256, 1, 1, policy=p, max_seq_len=256, store_kv=False)
+           .reservation_size(100, 125) for p in ("max", "pow2", "oracle")}
+console.print(f"prompt 100, output 25 (max_seq_len 256): max reserves {example['max']}, pow2 "
+              f"{example['pow2']} (100 + 32), oracle {example['oracle']}")
+assert example == {"max": 256, "pow2": 132, "oracle": 125}  # section 6.1's example, + prompt
 
 
 def arena_picture(cache: ContiguousKVCache, need: int) -> str:
@@ -74,7 +83,7 @@ for policy in ("max", "pow2", "oracle"):
             cache.write(sid, k, -k)
     admitted = cache.seq_ids
     cache.release(1)
-    need = cache.reservation_size(14)
+    need = cache.reservation_size(2, 14)
     console.print(f"[bold]{policy:>6}[/bold]  |{arena_picture(cache, need)}|", highlight=False)
     try:
         cache.reserve(7, 2, 14)
@@ -87,6 +96,7 @@ for policy in ("max", "pow2", "oracle"):
     console.print(f"        admitted {admitted}; the new request (needs {need}) {verdict}")
 # The next paragraph's claims, checked on the run above.
 assert small["max"] == (4, None) and small["oracle"] == (6, 27)
+assert small["max"][0] < small["pow2"][0] < small["oracle"][0]  # pow2 "sits between"
 
 # %% [markdown]
 # `max` admits only four requests and loses most of each region to internal fragmentation.
@@ -137,7 +147,7 @@ def run(policy: str, exact_fit: bool = True) -> tuple[dict[str, float], int, flo
             cache.write(sid, k, -k)
             running.append(sid)
         if waiting:  # under load: sample the cache now
-            need = cache.reservation_size(int(finals[waiting[0]]))
+            need = cache.reservation_size(int(prompts[waiting[0]]), int(finals[waiting[0]]))
             u = cache.usage(need)
             total = u if total is None else total + u
             b = cache.breakdown(need)
@@ -193,7 +203,7 @@ assert frs["oracle"]["external_fragmentation"] == max(
     fr["external_fragmentation"] for fr in frs.values())
 assert results["max"][2] < results["pow2"][2] < results["oracle"][2]        # avg batch
 assert results["max"][1] > results["pow2"][1] > results["oracle"][1]        # steps
-assert frs["oracle+round"] == frs["pow2"] | {"rounding": frs["oracle+round"]["rounding"]}
+assert frs["oracle+round"]["internal_fragmentation"] == frs["oracle+round"]["rounding"] > 0
 
 for name, (fr, _, _) in results.items():
     bar = "".join(GLYPH[c] * round(fr[c] * 60) for c in CATEGORIES)
@@ -208,11 +218,11 @@ console.print(f"{'paper vLLM':>12} |{GLYPH['token'] * round(0.963 * 60):<60}| 96
 # holds the most tokens and wastes nothing inside its regions, but leaves the largest share in
 # holes between them. Fewer wasted slots means more requests in the batch ("avg batch") and fewer
 # steps for the same work. The row "oracle+round" keeps the buddy allocator's power-of-two
-# rounding for `oracle`: its regions are then pow2's blocks, so it behaves exactly like `pow2`
-# (the rounding slack is counted as internal fragmentation, and printed apart). The paper's
-# Oracle has no internal fragmentation and holds more tokens than Pow2, which rounded regions
-# cannot do; so `contiguous.py` gives each buddy block's unused tail back by default
-# (`exact_fit=True`).
+# rounding for `oracle`: each region then holds next_pow2(F) slots, and the slack (printed
+# apart) is internal fragmentation. Rounding the whole length that way is not the paper's Pow2,
+# which rounds only the output and adds it to the prompt (section 6.1). The paper's Oracle has
+# no internal fragmentation, which rounded regions cannot have, so `contiguous/cache.py` gives
+# each buddy block's unused tail back by default (`exact_fit=True`), for every policy.
 #
 # Why these figures are not the paper's: this is a small static workload (every request waiting
 # at step 0, in an 8x smaller cache, synthetic lengths, one token per step, no clock), while the

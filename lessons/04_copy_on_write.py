@@ -7,7 +7,9 @@
 # nothing is copied. Only when a sequence is about to write into a block that others still
 # share (the partly filled last block) does it get its own copy: **copy-on-write**. The copies
 # a step needs are collected (`take_copies()`) and done in one call (`copy_blocks`) before the
-# step writes its new K/V.
+# step writes its new K/V, as vLLM batches them into one kernel launch (paper section 5.1,
+# "fused block copy"). This is vLLM v0's design; the v1 engine has no fork and no
+# copy-on-write, and shares through its prefix cache instead (lesson 05).
 #
 # Code: `minipaged/sharing/cow.py` (`CowBlockManager`: fork, copy-on-write in append_slot,
 # take_copies), `minipaged/paged/cache_ops.py` (copy_blocks), `minipaged/sharing/sequence.py`
@@ -23,6 +25,7 @@ from rich.table import Table
 
 from minipaged import copy_blocks, reshape_and_cache
 from minipaged.attention import dense_attention
+from minipaged.kit.quiz.context import canonical
 from minipaged.paged.paged_attention import paged_attention
 from minipaged.sharing.cow import CowBlockManager
 from minipaged.sharing.sampling import (
@@ -103,9 +106,9 @@ console.print(f"blocks held: {blocks_with_sharing(mgr, seqs)} with sharing, "
 # %% [markdown]
 # ## No cap on reference counts
 # A widely repeated interview answer says vLLM caps a block's shared references at 16. Neither
-# the paper nor the code does: vLLM v0's reference counter only asserts that a count never goes
-# below zero (vllm/core/block/common.py), and 16 is the default *block size*. Here
-# one block has 101 users:
+# the paper (section 4.4) nor the code does: vLLM v0's reference counter only asserts that a
+# count never goes below zero (vllm/core/block/common.py), and 16 is the default *block size*.
+# minipaged has no cap either. Here one block has 101 users:
 
 # %%
 many = CowBlockManager(num_blocks=4, block_size=16)
@@ -116,11 +119,14 @@ console.print(f"reference count of block 0 after 100 forks: {many.ref_count(0)}"
 
 # %% [markdown]
 # ## Parallel sampling and beam search: how much sharing saves
-# A small Alpaca-like workload (short prompts, short outputs; the paper's Fig. 11 reports means
-# of about 19 and 58 tokens), BS = 16. At every decode step we count the distinct blocks the
-# request holds with sharing and the blocks it would hold without (each sequence its own), and
-# report the saving `1 - with / without` over the whole run. The paper measured 6.1-9.8% for
-# parallel sampling (n = 2, 4, 6) and 37.6-55.2% for beam search (width 2, 4, 6), Fig. 15.
+# A toy Alpaca-like workload, run right here with the real block manager: 12 requests, prompts
+# of 8-31 tokens, outputs of 20-99 (the paper's Fig. 11 reports means of about 19 and 58), BS
+# = 16, samples of random length and beams with random scores. At every decode step we count
+# the distinct blocks the request holds with sharing and the blocks it would hold without
+# (each sequence its own), and report the saving `1 - with / without` over the whole run. The
+# paper measured 6.1-9.8% for parallel sampling (n = 2, 4, 6) and 37.6-55.2% for beam search
+# (width 2, 4, 6), Fig. 15. Beside the toy: the simulator's figure from the course's canonical
+# run (300 Alpaca requests, the run lesson 07 and `minipaged experiment 2` print).
 
 # %%
 BS16, REQUESTS = 16, 12
@@ -162,21 +168,31 @@ def beam_saving(width: int) -> float:
     return 1 - with_ / without
 
 
+ctx = canonical()
+sim = ctx.sharing()  # experiment 2 on Alpaca, canonical run
 t = Table(title="memory saved by sharing (blocks, averaged over decode steps)",
           title_justify="left")
-for col in ("algorithm", "n / width", "measured here", "paper (Fig. 15, OPT-13B, Alpaca)"):
+for col in ("algorithm", "n / width", "this toy (12 requests)",
+            f"simulator ({ctx.label})", "paper (Fig. 15, OPT-13B, Alpaca)"):
     t.add_column(col)
 paper_ps = {2: "6.09%", 4: "8.53%", 6: "9.79%"}
 paper_bs = {2: "37.56%", 4: "53.13%", 6: "55.16%"}
+toy = {}
 for n in (2, 4, 6):
-    t.add_row("parallel sampling", str(n), f"{100 * parallel_saving(n):.1f}%", paper_ps[n])
+    toy["parallel", n] = parallel_saving(n)
+    t.add_row("parallel sampling", str(n), f"{100 * toy['parallel', n]:.1f}%",
+              f"{100 * sim['parallel'][n]:.1f}%", paper_ps[n])
 for w in (2, 4, 6):
-    t.add_row("beam search", str(w), f"{100 * beam_saving(w):.1f}%", paper_bs[w])
+    toy["beam", w] = beam_saving(w)
+    t.add_row("beam search", str(w), f"{100 * toy['beam', w]:.1f}%",
+              f"{100 * sim['beam'][w]:.1f}%", paper_bs[w])
 console.print(t)
+assert all(toy["beam", k] > toy["parallel", k] and sim["beam"][k] > sim["parallel"][k]
+           for k in (2, 4, 6))
 console.print("Beam search saves far more: surviving beams share most of their *generated* "
               "tokens too, while parallel samples share only the prompt.\n"
-              "(Our scores are random, so the figures differ from the paper's; the ordering "
-              "is the point.)")
+              "(The toy's scores are random and its requests few, so its figures differ from "
+              "the paper's and the simulator's; the ordering is the point.)")
 
 # %% [markdown]
 # ## All or nothing for a group

@@ -2,16 +2,24 @@
 # # Lesson 05: prefix caching, and how vLLM v1 replaced copy-on-write
 #
 # Lesson 04 shared blocks *inside* one request, by fork. Many requests also share a prefix:
-# the same system prompt, the same few-shot examples, the same document. vLLM v1 (and
-# nano-vllm) find those blocks again by content: every **full** block gets a hash chained from
-# its parent block's hash and its own token ids, and a table maps hash -> physical block. A new
-# prompt walks its chain and reuses the longest run of cached blocks; the model computes K/V only
-# for the rest. At least the last prompt token is always recomputed (its logits choose the first
-# new token). Freed blocks keep their K/V and hash in one free queue in eviction order (least
-# recently used first) and are evicted only when a block is actually needed. A hit is looked up
-# by hash; vLLM stops there and relies on a strong hash (sha256 by default), while minipaged, like
-# nano-vllm, also compares the block's token ids: a weak or colliding `hash_fn` then costs a hit
-# instead of serving K/V computed for other tokens.
+# the same system prompt, the same few-shot examples, the same document. vLLM (v0's automatic
+# prefix caching and v1's prefix cache) and nano-vllm find those blocks again by content: every
+# **full** block gets a hash chained from its parent block's hash and its own token ids
+# (vllm/v1/core/kv_cache_utils.py, hash_block_tokens; vLLM adds extra keys such as LoRA ids),
+# and a table maps hash -> physical block. A new prompt walks its chain and reuses the longest
+# run of cached blocks; the model computes K/V only for the rest. At least the last prompt token
+# is always recomputed, since its logits choose the first new token (vllm/v1/core/
+# kv_cache_manager.py, get_computed_blocks). Freed blocks keep their K/V and hash in one free
+# queue in eviction order (least recently used first) and are evicted only when a block is
+# actually needed (vllm/v1/core/block_pool.py). Which system checks what on a hit:
+#
+# - vLLM looks a hit up by hash alone (block_pool.py, get_cached_block) and relies on a strong
+#   hash: SHA-256 by default since v0.10.2; vLLM 0.32 offers sha256, sha256_cbor and the faster,
+#   non-cryptographic xxhash and xxhash_cbor (vllm/config/cache.py, prefix_caching_hash_algo);
+#   earlier releases defaulted to Python's built-in hash.
+# - nano-vllm also compares the cached block's token ids (nanovllm/engine/block_manager.py).
+# - minipaged compares the token ids too (sharing/prefix_cache.py, lookup), so a weak or
+#   colliding `hash_fn` costs a hit instead of serving K/V computed for other tokens.
 #
 # Code: `minipaged/sharing/prefix_cache.py` (`PrefixCachingBlockManager`, allocate with
 # `enable_prefix_caching=True`). Next: lesson 06 (scheduling and preemption).
@@ -135,14 +143,17 @@ console.print("With 10 blocks one system prompt (6 full blocks) barely fits next
               "the requests' private tails.")
 
 # %% [markdown]
-# ## v0 (copy-on-write) versus v1 (prefix cache) on the same workload
-# Parallel sampling, n = 4, for 8 concurrent requests. v0 forks: all four samples share every
-# prompt block including the partial last one, until each writes into it. v1 has no fork: the
-# samples are four requests (vLLM v1's engine fans them out); they share the prompt's full
-# blocks through the cache, but each gets (and recomputes) its own partial last block. v1 also
-# shares the system prompt *between* requests, which fork alone cannot do. minipaged, like vLLM
-# v0's prefix-caching block manager, can do both at once: fork with the cache on. We count
-# blocks in use at every step.
+# ## v0's fork versus v1's prefix cache on the same workload
+# Parallel sampling, n = 4, for 8 concurrent requests. vLLM v0 forks: all four samples share
+# every prompt block including the partial last one, until each writes into it ("v0 CoW", with
+# automatic prefix caching off, v0's default). v1 has no fork: the samples are four requests
+# (vllm/v1/engine/parallel_sampling.py fans them out); they share the prompt's full blocks
+# through the cache, but each gets (and recomputes) its own partial last block ("v1 cache").
+# v1 also shares the system prompt *between* requests, which fork alone cannot do. So "v0 =
+# copy-on-write, v1 = prefix cache" holds only with a qualifier: vLLM v0 had automatic prefix
+# caching too (`enable_prefix_caching`, vllm/core/block/prefix_caching_block.py), beside
+# fork and copy-on-write, and minipaged, like that v0 manager, can do both at once ("fork +
+# cache"). We count blocks in use at every step.
 
 # %%
 

@@ -6,7 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -26,24 +26,45 @@ def kv_data(rng: np.random.Generator, t: int, dtype=np.float32) -> tuple[np.ndar
 
 # ---- policies and accounting, small enough to check by hand -------------------------------------
 
-@pytest.mark.parametrize("policy, want", [("max", 256), ("pow2", 128), ("oracle", 100)])
+@pytest.mark.parametrize("policy, want", [("max", 256), ("pow2", 132), ("oracle", 125)])
 def test_policy_reservation_size(policy, want):
+    # The paper's Orca (Pow2) example (section 6.1): an output of 25 reserves 32 positions for
+    # outputs; with a prompt of 100, that is 132 slots.
     c = ContiguousKVCache(1024, HKV, D, policy=policy, max_seq_len=256)
-    assert c.reservation_size(100) == want
-    off = c.reserve("a", 10, 100)
+    assert c.reservation_size(100, 125) == want
+    off = c.reserve("a", 100, 125)
     assert c.reservation("a").size == want and c.reservation("a").held == want
     assert c.num_free == 1024 - want and off == 0
 
 
-def test_pow2_is_capped_at_max_seq_len():
+def test_pow2_rounds_the_output_only_and_is_capped_at_max_seq_len():
     c = ContiguousKVCache(4096, HKV, D, policy="pow2", max_seq_len=3000)
-    assert c.reservation_size(2100) == 3000  # not 4096: no request is longer than max_seq_len
-    assert c.reservation_size(1500) == 2048
+    assert c.reservation_size(1000, 2100) == 3000  # 1000 + 2048, capped at max_seq_len
+    assert c.reservation_size(100, 1500) == 2148  # 100 + next_pow2(1400)
+    assert c.reservation_size(500, 1500) == 1524  # 500 + next_pow2(1000): not next_pow2(1500)
+    assert c.reservation_size(7, 7) == 7  # no output token to reserve for
+    assert c.reservation_size(1, 2) == 2  # one output token: next_pow2(1) = 1
+
+
+@given(prompt=st.integers(1, 2048), output=st.integers(0, 2048))
+def test_pow2_over_reserves_the_output_by_less_than_2x(prompt, output):
+    """Against the paper's wording (section 6.1: "over-reserves the space for outputs by at
+    most 2x"): the reservation is prompt + a power of two in [output, 2 * output), capped."""
+    c = ContiguousKVCache(8192, 1, 1, policy="pow2", max_seq_len=4096, store_kv=False)
+    final = prompt + output
+    if final > 4096:
+        with pytest.raises(ValueError, match="final_len"):
+            c.reservation_size(prompt, final)
+        return
+    r = c.reservation_size(prompt, final)
+    extra = r - prompt  # what is reserved for the output
+    assert final <= r <= 4096
+    assert r == 4096 or (extra & (extra - 1) == 0 and output <= extra < max(2 * output, 1))
 
 
 def test_usage_categories_by_hand():
     c = ContiguousKVCache(1024, HKV, D, policy="pow2", max_seq_len=256, store_kv=False)
-    c.reserve("a", 10, 100)  # 128 slots at [0, 128)
+    c.reserve("a", 64, 100)  # 64 + next_pow2(36) = 128 slots at [0, 128)
     c.advance("a", 30)
     u = c.usage()
     assert (u.token, u.reserved, u.internal_fragmentation) == (30, 70, 28)

@@ -238,7 +238,8 @@ def _fragmentation(scene, frame, managers):
             assert need == -(-len(system.tokens[head]) // cache.block_size)
             assert _ints(r"blocks, (\d+) free\)", e.text) == [cache.num_free_blocks]
             continue
-        assert need == cache.reservation_size(system.requests[head].final_len)
+        r = system.requests[head]
+        assert need == cache.reservation_size(len(r.prompt), r.final_len)
         pieces = sorted((n for _, n in cache.allocator.free_blocks()), reverse=True)
         if cache.num_free < need:
             assert _ints(r"contiguous slots, (\d+) free\)", e.text) == [cache.num_free]

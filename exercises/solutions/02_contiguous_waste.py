@@ -8,15 +8,18 @@ from __future__ import annotations
 EXERCISE = "02_contiguous_waste"
 
 
-def reservation_size(policy: str, final_len: int, max_seq_len: int) -> int:
-    if final_len < 1:
-        raise ValueError(f"final_len={final_len} must be >= 1")
+def reservation_size(policy: str, prompt_len: int, final_len: int, max_seq_len: int) -> int:
+    if not 1 <= prompt_len <= final_len:
+        raise ValueError(f"need 1 <= prompt_len <= final_len, got prompt_len={prompt_len}, "
+                         f"final_len={final_len}")
     if final_len > max_seq_len:
         raise ValueError(f"final_len={final_len} exceeds max_seq_len={max_seq_len}")
     if policy == "max":
         return max_seq_len
     if policy == "pow2":
-        return min(1 << (final_len - 1).bit_length(), max_seq_len)
+        output = final_len - prompt_len
+        rounded = 1 << (output - 1).bit_length() if output > 0 else 0
+        return min(prompt_len + rounded, max_seq_len)
     if policy == "oracle":
         return final_len
     raise ValueError(f"policy={policy!r} is unknown; expected 'max', 'pow2' or 'oracle'")
@@ -28,10 +31,12 @@ def _check_lens(current_len: int, final_len: int) -> None:
                          f"final_len={final_len}")
 
 
-def contiguous_breakdown(policy: str, current_len: int, final_len: int,
+def contiguous_breakdown(policy: str, prompt_len: int, current_len: int, final_len: int,
                          max_seq_len: int) -> dict[str, int]:
     _check_lens(current_len, final_len)
-    size = reservation_size(policy, final_len, max_seq_len)
+    if current_len < prompt_len:
+        raise ValueError(f"current_len={current_len} is shorter than prompt_len={prompt_len}")
+    size = reservation_size(policy, prompt_len, final_len, max_seq_len)
     return {"token": current_len, "reserved": final_len - current_len,
             "internal_fragmentation": size - final_len}
 

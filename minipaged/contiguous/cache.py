@@ -4,20 +4,20 @@ What this teaches: the problem PagedAttention solves (vLLM paper, section 3 and 
 vLLM, a serving system kept each request's K/V in ONE contiguous region, reserved when the request
 is admitted, because attention kernels wanted K/V as one dense [T, Hkv, D] array. The request's
 final length is unknown at admission, so the region is sized by a *policy* (the paper's Orca
-baselines, section 6.1):
+baselines, section 6.1), for a request of P prompt tokens that will end with F tokens:
 
-    max     reserve max_seq_len slots for every request          (Orca (Max))
-    pow2    reserve the next power of two of the request's final length, at most max_seq_len
-                                                                   (Orca (Pow2))
-    oracle  reserve exactly the final length (needs to know the future)   (Orca (Oracle))
+    max     reserve max_seq_len slots for every request                      (Orca (Max))
+    pow2    reserve P + next_pow2(F - P): the prompt, plus the output rounded up to a power
+            of two, at most max_seq_len ("over-reserves the space for outputs by at most
+            2x": an output of 25 reserves 32; prompt 100 + 32 = 132)        (Orca (Pow2))
+    oracle  reserve exactly F (needs to know the future)                     (Orca (Oracle))
 
 Regions are placed by the buddy allocator of ``buddy.py``. Read next:
 ``paged/block_allocator.py`` (stage 3, lesson 03), where the same memory is cut into blocks.
 
-Storage. Two arrays, ``key_arena`` and ``value_arena``, each [num_slots, Hkv, D] (C-contiguous):
-slot i holds one token's K (or V) for all KV heads. A request owning region [off, off + n) keeps
-token position t at slot off + t, so ``kv(seq_id)`` is a plain slice [T, Hkv, D] that dense
-attention reads directly: no gather, which is the one thing contiguity buys.
+Storage: ``key_arena`` and ``value_arena``, each [num_slots, Hkv, D]. A request owning region
+[off, off + n) keeps token position t at slot off + t, so ``kv(seq_id)`` is a plain slice
+[T, Hkv, D] that dense attention reads directly: no gather, the one thing contiguity buys.
 
 Where every slot goes (``usage()``; the categories of ``usage.py``), for a request with n tokens
 written, final length F, a policy reservation of R slots and H slots held by the allocator
@@ -28,29 +28,27 @@ written, final length F, a policy reservation of R slots and H slots held by the
     internal_fragmentation   H - F       held but never used: (R - F) is the policy's
                                          over-reservation, (H - R) the allocator's rounding
                                          slack; ``breakdown()`` reports the two separately
-    external_fragmentation   free slots that cannot serve a region of ``need`` slots, because
-                             they lie in free buddy blocks smaller than next_pow2(need) (the block
-                             such a region must be cut from); ``need`` defaults to max_seq_len
-                             slots, a maximum-length request
+    external_fragmentation   free slots in buddy blocks smaller than next_pow2(need), the block
+                             a region of ``need`` slots must be cut from (default max_seq_len)
     free                     the other free slots
 
 Why ``need``: "free but not allocatable as one region" only means something for a region of a
-given size. A 64-slot hole is waste for a 2048-token reservation and fine for a 40-token one. A
-scheduler passes the reservation its next waiting request needs, ``reservation_size(F)``; under
-load, when that request does not fit, every free slot is then external fragmentation, which is how
-the paper's "external fragmentation & others" bar fills up (Fig. 2). Note that even an empty
-arena shows some external fragmentation when ``num_slots`` is not a multiple of next_pow2(need):
-15,728 slots (OPT-13B on an A100-40GB) = 8192 + 4096 + 2048 + 1392 in smaller blocks, and
-those 1392 slots can never hold a 2048-slot region.
+given size (a 64-slot hole is waste for a 2048-token reservation, fine for a 40-token one). A
+scheduler passes what its next waiting request needs, ``reservation_size(P, F)``; under load,
+when that request does not fit, every free slot is then external fragmentation, which is how the
+paper's "external fragmentation & others" bar fills up (Fig. 2). Even an empty arena shows some
+when ``num_slots`` is not a multiple of next_pow2(need): 15,728 slots (OPT-13B, A100-40GB) =
+8192 + 4096 + 2048 + 1392 in smaller blocks, which can never hold a 2048-slot region.
 
-Why ``exact_fit=True`` by default: the paper's Orca (Oracle) has no internal fragmentation and
-holds more tokens than Orca (Pow2), which cannot happen if the allocator rounds every oracle
-reservation up to a power of two (it would then hold the same blocks as pow2). Max and pow2
-reservations are powers of two already (when max_seq_len is one): the choice matters for oracle.
+Why ``exact_fit=True`` by default: the policies differ only in how much they reserve; Orca
+(Oracle) has no internal fragmentation and Orca (Pow2) over-reserves the output by at most 2x
+(section 6.1). A plain buddy allocator would round each region up to a power of two on top (an
+oracle region of 100 slots would hold 128, a pow2 region of 132 would hold 256): slack of the
+allocator, not of the policy. So by default the allocator gives each block's unused tail back;
+``exact_fit=False`` keeps the rounding (``breakdown()``'s ``internal_rounding``).
 
-Running totals make ``usage()`` O(log num_slots) and every other call O(log num_slots), so a
-simulator can reserve through this class at every scheduling step. ``store_kv=False`` keeps only
-the accounting (no arena; ``advance`` instead of ``write``) for such simulators.
+Running totals make every call O(log num_slots), so a simulator can reserve through this class
+at every step; ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ class Reservation:
 
 
 class _Seq:
-    """The mutable record behind a Reservation (a plain slotted class: ``advance`` runs once per
-    token per step in a simulator, so it must not build a new object each time)."""
+    """The mutable record behind a Reservation (slotted: ``advance`` runs every step)."""
 
     __slots__ = ("offset", "prompt_len", "final_len", "size", "held", "num_tokens")
 
@@ -95,7 +92,8 @@ class _Seq:
 class ContiguousKVCache:
     """Per-request contiguous K/V regions in one arena of ``num_slots`` slots.
 
-    reserve(seq_id, prompt_len, final_len) -> offset    can_reserve(prompt_len, final_len)
+    reservation_size(prompt_len, final_len)    can_reserve(prompt_len, final_len)
+    reserve(seq_id, prompt_len, final_len) -> offset
     write(seq_id, key, value)    kv(seq_id) -> (k, v)    advance(seq_id, n)  (store_kv=False)
     release(seq_id)    usage(need=None) -> KVUsage    breakdown(need=None) -> dict
     """
@@ -129,23 +127,23 @@ class ContiguousKVCache:
         self._sum_tokens = self._sum_final = self._sum_size = self._sum_held = 0
 
     # ---- policy -------------------------------------------------------------------------------
-    def reservation_size(self, final_len: int) -> int:
-        """Slots the policy reserves for a request that will end with ``final_len`` tokens."""
+    def reservation_size(self, prompt_len: int, final_len: int) -> int:
+        """Slots the policy reserves for a request of ``prompt_len`` tokens that will end with
+        ``final_len``. pow2 rounds the output only (paper section 6.1): prompt 100 + output 25
+        -> 100 + 32 = 132. Every policy is capped at max_seq_len."""
         final_len = check_int("final_len", final_len, low=1, high=self.max_seq_len + 1)
+        prompt_len = check_int("prompt_len", prompt_len, low=1, high=final_len + 1)
         if self.policy == "max":
             return self.max_seq_len
         if self.policy == "pow2":
-            return min(next_pow2(final_len), self.max_seq_len)
+            output = final_len - prompt_len
+            rounded = next_pow2(output) if output > 0 else 0
+            return min(prompt_len + rounded, self.max_seq_len)
         return final_len
-
-    def _check_lens(self, prompt_len: int, final_len: int) -> int:
-        final_len = check_int("final_len", final_len, low=1, high=self.max_seq_len + 1)
-        check_int("prompt_len", prompt_len, low=1, high=final_len + 1)
-        return self.reservation_size(final_len)
 
     def can_reserve(self, prompt_len: int, final_len: int) -> bool:
         """True when ``reserve`` with these lengths would succeed now."""
-        return self.allocator.can_alloc(self._check_lens(prompt_len, final_len))
+        return self.allocator.can_alloc(self.reservation_size(prompt_len, final_len))
 
     def reserve(self, seq_id: Hashable, prompt_len: int, final_len: int) -> int:
         """Reserve one contiguous region for a new request; return its offset (first slot).
@@ -153,7 +151,7 @@ class ContiguousKVCache:
         Raises OutOfMemoryError (needed slots, largest free region) with the cache unchanged
         when no free region is large enough, ValueError for a live ``seq_id`` or bad lengths.
         """
-        size = self._check_lens(prompt_len, final_len)
+        size = self.reservation_size(prompt_len, final_len)
         if seq_id in self._seqs:
             raise ValueError(f"seq_id={seq_id!r} already holds a reservation; release it first")
         try:
@@ -277,8 +275,8 @@ class ContiguousKVCache:
     def usage(self, need: int | None = None) -> KVUsage:
         """The paper's categories now, as slot counts (``.fractions()`` for shares), from running
         totals in O(log num_slots). ``need``: the region size that decides which free slots are
-        external fragmentation (default max_seq_len); pass ``reservation_size(final_len)`` of
-        the next waiting request."""
+        external fragmentation (default max_seq_len); pass the next waiting request's
+        ``reservation_size(prompt_len, final_len)``."""
         usable = self._usable(need)
         return KVUsage(total=self.num_slots, token=self._sum_tokens,
                        reserved=self._sum_final - self._sum_tokens,

@@ -224,9 +224,7 @@ class ContiguousPolicy(MemoryPolicy):
             return f"the {self.name} policy cannot share memory between sequences"
         if final_len > c.max_seq_len:
             return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
-        if c.reservation_size(final_len) > c.num_slots:
-            return (f"needs a region of {c.reservation_size(final_len)} slots but the cache "
-                    f"has {c.num_slots}")
+        # A reservation never exceeds max_seq_len, which the cache checked against num_slots.
         return None
 
     def admit(self, seq_ids, token_ids, final_len):
@@ -250,7 +248,7 @@ class ContiguousPolicy(MemoryPolicy):
 
     def usage(self, final_lens, next_final_len):
         need = None if next_final_len is None else self.cache.reservation_size(
-            min(next_final_len, self.cache.max_seq_len))
+            1, min(next_final_len, self.cache.max_seq_len))  # prompt length not passed: 1
         return self.cache.usage(need)
 
     def blocks_in_use(self) -> int:

@@ -6,7 +6,8 @@ dict (``--json``) and prints the paper's figure beside ours. Read before: ``simu
 
     1  Fig. 2   where KV memory goes: orca-max / orca-pow2 / orca-oracle / paged on ShareGPT
     2  Fig. 15  memory saved by parallel sampling (n = 2, 4, 6) and beam search (k = 2, 4, 6)
-    3  Fig. 12  average batch size and the highest request rate each policy sustains
+    3  Figs. 12-13  the highest request rate each policy sustains (Fig. 12) and its average
+                batch size (Fig. 13)
     4  Fig. 18b block size 1..256: fragmentation, block-table bytes, blocks read, throughput
     5  Fig. 19  swap versus recompute under memory pressure, per block size
 
@@ -14,7 +15,8 @@ Differences we cannot remove: the workloads are synthetic (log-normal lengths wi
 means, not the real traces); time comes from a roofline cost model, not an A100, so absolute
 rates differ and only ratios between policies are meaningful; the Orca baselines are the paper's
 own re-implementations, whose allocator details (e.g. how ``external fragmentation & others`` was
-counted) we can only infer.
+counted) we can only infer; and in beam search, which beams survive depends on a language
+model, which the simulator replaces by one stated rule (``SimExecutor.beam_parent``).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
                     "avg_batch_size": r.avg_batch_size, "paper": PAPER_FIG2[pol]}
     if console is not None:
         t = Table(title=f"Experiment 1 (Fig. 2): KV memory while requests queue, ShareGPT, "
-                        f"{num_requests} requests; ours vs paper")
+                        f"{num_requests} requests, seed {seed}; ours (paper)")
         for c in ("policy", "token", "reserved", "internal frag.", "external frag. + free",
                   "token / used"):
             t.add_column(c, justify="right")
@@ -113,7 +115,7 @@ def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "shareg
                 out.setdefault(w, {}).setdefault(kind, {})[k] = r.memory_saving
     if console is not None:
         t = Table(title=f"Experiment 2 (Fig. 15): memory saved by sharing, {num_requests} "
-                        f"requests; paper (Alpaca, OPT-13B) in brackets")
+                        f"requests, seed {seed}; paper (Alpaca, OPT-13B) in brackets")
         t.add_column("workload")
         t.add_column("kind")
         for k in widths:
@@ -141,8 +143,9 @@ def rates(num_requests: int = 400, seed: int = 0, iters: int = 6, workload: str 
         r = out[pol]["max_rate_req_per_s"]
         out[pol]["paged_speedup"] = base / r if r > 0 else math.inf
     if console is not None:
-        t = Table(title=f"Experiment 3 (Fig. 12): batch size and sustainable rate, {workload}, "
-                        f"{num_requests} requests (paper: vLLM sustains 2-4x Orca's rate)")
+        t = Table(title=f"Experiment 3 (Figs. 12-13): sustainable rate and batch size, "
+                        f"{workload}, {num_requests} requests, seed {seed} (paper: vLLM sustains "
+                        f"2-4x Orca's rate, Fig. 12, and batches 2.2-4.3x more, Fig. 13)")
         for c in ("policy", "avg batch (saturated)", "max rate (req/s)", "paged / this"):
             t.add_column(c, justify="right")
         for pol, d in out.items():
@@ -205,7 +208,8 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
         for w in workloads:
             nreq = num_requests * (5 if w == "alpaca" else 1)
             t = Table(title=f"Experiment 4 (Fig. 18b): block size, {w} ({nreq} "
-                            f"requests, saturated); best = {out[w]['best_block_size']}")
+                            f"requests, seed {seed}, saturated); best = "
+                            f"{out[w]['best_block_size']}")
             cols = ["block", "waste / used", "table B/req", "blocks read/decode", "avg batch",
                     "tokens/s"] + (["max rate"] if iters else [])
             for c in cols:
@@ -240,7 +244,7 @@ def swap_vs_recompute(num_requests: int = 300, seed: int = 0, sizes=(4, 8, 16, 3
                 "throughput_tokens_per_s": r.throughput_tokens_per_s}
     if console is not None:
         t = Table(title=f"Experiment 5 (Fig. 19): swap vs recompute, ShareGPT at {rate} req/s, "
-                        f"{kv_cache_gb} GiB KV cache, {num_requests} requests")
+                        f"{kv_cache_gb} GiB KV cache, {num_requests} requests, seed {seed}")
         for c in ("block", "swap: latency s/tok", "preemptions", "recompute: latency s/tok",
                   "preemptions", "recompute / swap"):
             t.add_column(c, justify="right")

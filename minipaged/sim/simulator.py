@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from minipaged._checks import cdiv
+from minipaged._checks import cdiv, check_float
 from minipaged.contiguous.usage import CATEGORIES
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
 from minipaged.serving.scheduler import (
@@ -124,16 +124,43 @@ class SimExecutor:
     sequence's history (so a preempted and resumed sequence produces exactly the same tokens).
 
     Parallel sampling: the prompt's n samples start with n different tokens, then each goes on
-    with ``next_token``. Beam search: each step, the k new beams pick their parents uniformly at
-    random among the current beams (seeded): a strong beam often supplies several of the top k
-    continuations and a weak one none. This choice decides how much of the generated text beams
-    share, so the measured saving is only as good as this model of beam survival."""
+    with ``next_token``. Beam search: which current beam each new beam extends is
+    ``beam_parent``'s rule (one parameter, ``beam_displaced``). This choice decides how much of
+    the generated text beams share, so the measured saving (Fig. 15) is only as good as this
+    model of beam survival."""
+
+    # d: beams displaced per step, on average (see beam_parent). An argument, not a measurement.
+    BEAM_DISPLACED = 1.0
 
     def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, beam_displaced: float | None = None) -> None:
         self.cost, self.block_bytes, self.seed = cost, block_bytes, seed
+        d = self.BEAM_DISPLACED if beam_displaced is None else beam_displaced
+        self.beam_displaced = check_float("beam_displaced", d, low=0.0)
         self.block_size = block_size  # None: a contiguous cache (no per-block cost)
         self.blocks_read = 0  # running total, for experiment 4
+
+    def beam_parent(self, order: int, pos: int, j: int, num_beams: int) -> int:
+        """Which of the group's ``num_beams`` current beams new beam ``j`` extends (an index).
+
+        The rule: new beam j extends current beam j, its own lineage, unless it is displaced,
+        which happens with probability d / k (k = num_beams, d = ``beam_displaced``); a
+        displaced slot goes to a beam drawn uniformly, i.e. a strong beam's second-best
+        continuation takes a weak beam's place. So on average d beams die and d beams fork per
+        step. Why d = 1: beam search keeps the k best continuations of k beams whose scores
+        are close (they were the k best one step earlier), and a language model is usually
+        confident about the next token, so most beams' best continuation stays in the top k
+        and only the odd step swaps one beam for another's second choice: one death and one
+        birth per step is the Moran process of population genetics. It is an assumption about
+        the language, not a measurement (this simulator has no model), and it was not fitted to
+        Fig. 15. d = k is the fully random choice (every parent drawn uniformly), which merges
+        lineages faster and overshoots the paper at width 6 (about 69% saved against 55.2%).
+        At the first step there is one beam, the prompt, and every new beam extends it."""
+        if j < num_beams:
+            u = (_mix(self.seed, order, pos, j, 1) >> 11) / float(1 << 53)  # uniform in [0, 1)
+            if u >= self.beam_displaced / num_beams:
+                return j
+        return _mix(self.seed, order, pos, j) % num_beams
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         sum_ctx = sum(c.end for c in out.prefills) + sum(len(s.token_ids) for s in out.decodes)
@@ -166,7 +193,8 @@ class SimExecutor:
             k = g.beam_width if pos == g.prompt_len else len(idx)
             for j in range(k):
                 h = _mix(self.seed, g.order, pos, j)
-                samples[idx[h % len(idx)]].append((h >> 20) % VOCAB + 1)
+                samples[idx[self.beam_parent(g.order, pos, j, len(idx))]].append(
+                    (h >> 20) % VOCAB + 1)
         return StepResult(dt, samples)
 
 

@@ -66,22 +66,35 @@ EX_02 = Exercise("02_contiguous_waste",
                  ("reservation_size", "contiguous_breakdown", "paged_breakdown"))
 
 
-def _ref_size(policy: str, final_len: int, max_seq_len: int) -> int:
+def _ref_size(policy: str, prompt_len: int, final_len: int, max_seq_len: int) -> int:
+    # pow2: the prompt plus the output rounded up to a power of two (paper section 6.1)
+    out = final_len - prompt_len
     return {"max": max_seq_len, "oracle": final_len,
-            "pow2": min(1 << (final_len - 1).bit_length(), max_seq_len)}[policy]
+            "pow2": min(prompt_len + (1 << (out - 1).bit_length() if out else 0),
+                        max_seq_len)}[policy]
 
 
 @EX_02.case("reservation sizes for the three policies",
-            hint="pow2 rounds the final length up to a power of two, and never beyond "
-                 "max_seq_len")
+            hint="pow2 rounds only the output (final_len - prompt_len) up to a power of two, "
+                 "adds the prompt, and never goes beyond max_seq_len")
 def _sizes(m):
     for policy in ("max", "pow2", "oracle"):
-        for final_len in (1, 2, 3, 17, 64, 65, 500, 1024, 1025, 2047, 2048):
-            equal(m.reservation_size(policy, final_len, 2048), _ref_size(policy, final_len, 2048),
+        for prompt_len, final_len in ((1, 1), (1, 2), (2, 3), (9, 17), (32, 64), (1, 65),
+                                      (100, 125), (12, 500), (500, 1024), (1, 1025),
+                                      (1000, 2047), (2048, 2048)):
+            equal(m.reservation_size(policy, prompt_len, final_len, 2048),
+                  _ref_size(policy, prompt_len, final_len, 2048),
                   f"wrong reservation for policy {policy!r}",
-                  dict(policy=policy, final_len=final_len, max_seq_len=2048))
-    equal(m.reservation_size("pow2", 1500, 1800), 1800, "pow2 must be capped at max_seq_len",
-          dict(policy="pow2", final_len=1500, max_seq_len=1800))
+                  dict(policy=policy, prompt_len=prompt_len, final_len=final_len,
+                       max_seq_len=2048))
+    equal(m.reservation_size("pow2", 100, 125, 2048), 132,
+          "the paper's example: an output of 25 reserves 32, plus the prompt of 100",
+          dict(policy="pow2", prompt_len=100, final_len=125, max_seq_len=2048))
+    equal(m.reservation_size("pow2", 500, 1500, 1800), 1524,
+          "pow2 rounds the output (1000 -> 1024), not the final length (1500 -> 2048)",
+          dict(policy="pow2", prompt_len=500, final_len=1500, max_seq_len=1800))
+    equal(m.reservation_size("pow2", 100, 1500, 1500), 1500, "pow2 must be capped at "
+          "max_seq_len", dict(policy="pow2", prompt_len=100, final_len=1500, max_seq_len=1500))
 
 
 @EX_02.case("contiguous breakdown adds up, on random requests",
@@ -91,13 +104,16 @@ def _contig(m):
     rng = np.random.default_rng(2)
     for _ in range(300):
         final_len = int(rng.integers(1, 2049))
-        current = int(rng.integers(1, final_len + 1))
+        prompt = int(rng.integers(1, final_len + 1))
+        current = int(rng.integers(prompt, final_len + 1))
         policy = str(rng.choice(["max", "pow2", "oracle"]))
         want = {"token": current, "reserved": final_len - current,
-                "internal_fragmentation": _ref_size(policy, final_len, 2048) - final_len}
-        equal(dict(m.contiguous_breakdown(policy, current, final_len, 2048)), want,
-              "wrong contiguous breakdown", dict(policy=policy, current_len=current,
-                                                 final_len=final_len, max_seq_len=2048))
+                "internal_fragmentation": _ref_size(policy, prompt, final_len, 2048)
+                - final_len}
+        equal(dict(m.contiguous_breakdown(policy, prompt, current, final_len, 2048)), want,
+              "wrong contiguous breakdown",
+              dict(policy=policy, prompt_len=prompt, current_len=current,
+                   final_len=final_len, max_seq_len=2048))
 
 
 @EX_02.case("paged breakdown: waste below one block",
@@ -119,10 +135,12 @@ def _paged(m):
 @EX_02.case("bad arguments raise ValueError",
             hint="validate the policy name and the lengths before computing anything")
 def _bad_policy(m):
-    for call, what in ((lambda: m.reservation_size("buddy", 10, 2048), "policy='buddy'"),
-                       (lambda: m.reservation_size("max", 4096, 2048),
+    for call, what in ((lambda: m.reservation_size("buddy", 5, 10, 2048), "policy='buddy'"),
+                       (lambda: m.reservation_size("max", 10, 4096, 2048),
                         "final_len=4096 > max_seq_len=2048"),
-                       (lambda: m.contiguous_breakdown("oracle", 20, 10, 2048),
+                       (lambda: m.reservation_size("pow2", 20, 10, 2048),
+                        "prompt_len=20 > final_len=10"),
+                       (lambda: m.contiguous_breakdown("oracle", 5, 20, 10, 2048),
                         "current_len=20 > final_len=10"),
                        (lambda: m.paged_breakdown(5, 10, 0), "block_size=0")):
         rejects(call, ValueError, f"{what} must be rejected", what)

@@ -69,7 +69,8 @@ def answer_renderable(a: Answer):
 
     parts: list = [Text(a.text)]
     if a.figures:
-        t = Table(title="measured now", title_justify="left", show_header=False)
+        t = Table(title="measured now" + (f" ({a.run})" if a.run else ""),
+                  title_justify="left", show_header=False)
         t.add_column("figure")
         t.add_column("value", justify="right")
         for label, value in a.figures:
@@ -132,6 +133,7 @@ def run_quiz(drills: list[Drill], ctx: Context, *, answers: bool, interactive: b
         if answers or interactive:
             with console.status("measuring..."):
                 a = d.answer(ctx)
+                a.run = a.run or ctx.label
             console.print(answer_renderable(a))
             console.print()
             if interactive and not answers and i < len(drills):

@@ -1,8 +1,12 @@
-"""What the drills and the fact-check share: one Context of measurements, and how they print.
+"""What the drills, the fact-check and the lessons share: one Context of measurements.
 
 A ``Context`` fixes the simulation size and seed; each simulation, experiment and fact-check
 finding is computed once and reused, so a figure that a drill and the fact-check both print is
-the same number from the same run.
+the same number from the same run. ``canonical()`` is THE run configuration of the course:
+lessons 04, 06, 07 and 10, ``minipaged quiz``, ``minipaged factcheck`` and the slides' figures
+(``kit/figures.py``) all state their shared figures from it, and print ``ctx.label`` beside
+them; a run of any other size says so the same way (tests/test_factcheck.py checks that every
+place states the same figure).
 """
 
 from __future__ import annotations
@@ -10,6 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+# The canonical run configuration (see the module docstring).
+CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
+CANONICAL_SEED = 0
+BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)   # the block-size sweep (experiment 4)
+PRESSURE_RUN = {"kv_cache_gb": 2.0, "request_rate": 2.0}   # "preemptions in a 2 GiB cache"
 
 
 def pct(x: float) -> str:
@@ -34,6 +44,7 @@ class Answer:
     figures: list[tuple[str, str]] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     verdicts: list[tuple[str, str, str]] = field(default_factory=list)  # (claim, verdict, why)
+    run: str = ""            # the run its simulations came from (Context.label)
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,8 @@ class Drill:
 class Context:
     """The simulation size and seed behind every figure, and a cache of what was measured."""
 
-    def __init__(self, num_requests: int = 300, seed: int = 0) -> None:
+    def __init__(self, num_requests: int = CANONICAL_REQUESTS, seed: int = CANONICAL_SEED
+                 ) -> None:
         if isinstance(num_requests, bool) or not isinstance(num_requests, int) \
                 or num_requests < 1:
             raise ValueError(f"num_requests={num_requests!r} must be an int >= 1")
@@ -57,6 +69,13 @@ class Context:
         self.num_requests = num_requests
         self.seed = seed
         self._cache: dict[tuple, Any] = {}
+
+    @property
+    def label(self) -> str:
+        """The run every figure of this context comes from, to print beside it."""
+        canon = (self.num_requests, self.seed) == (CANONICAL_REQUESTS, CANONICAL_SEED)
+        return (f"{'canonical run: ' if canon else ''}{self.num_requests} requests per "
+                f"simulation, seed {self.seed}")
 
     def cached(self, key: tuple, make: Callable[[], Any]) -> Any:
         if key not in self._cache:
@@ -108,19 +127,53 @@ class Context:
         return self.cached(("rates",), lambda: rates(self.num_requests, self.seed, iters=6))
 
     def block_sweep(self) -> dict:
-        """Experiment 4 (Fig. 18b) on both workloads, block sizes 4 to 128."""
+        """Experiment 4 (Fig. 18b) on both workloads, the block sizes of ``BLOCK_SIZES``."""
         from minipaged.sim.experiments import block_size
 
         return self.cached(("blocks",), lambda: block_size(
-            self.num_requests, self.seed, sizes=(4, 8, 16, 32, 64, 128),
-            workloads=("sharegpt", "alpaca")))
+            self.num_requests, self.seed, sizes=BLOCK_SIZES, workloads=("sharegpt", "alpaca")))
+
+    def sharing(self) -> dict:
+        """Experiment 2 (Fig. 15) on Alpaca: {"parallel" | "beam": {2 | 4 | 6: saving}}."""
+        from minipaged.sim.experiments import sharing
+
+        return self.cached(("sharing",), lambda: sharing(
+            self.num_requests, self.seed, workloads=("alpaca",))["alpaca"])
+
+    def pressure(self):
+        """The memory-pressure run: ShareGPT in a 2 GiB KV cache at 2 requests/s, preemption
+        by recomputation (``PRESSURE_RUN``)."""
+        return self.sim(**PRESSURE_RUN)
+
+    def shared_figures(self) -> dict[str, str]:
+        """The figures several places state, formatted as they print them."""
+        return {
+            "preemptions_2gib": str(self.pressure().num_preemptions),
+            "parallel_saving_n6": pct(self.sharing()["parallel"][6]),
+            "best_alpaca_block_size": str(self.block_sweep()["alpaca"]["best_block_size"]),
+        }
 
     def finding(self, claim_id: str):
         """The fact-check's finding on one claim of the interview answer."""
         from minipaged.kit.quiz import factcheck
 
-        return self.cached(("finding", claim_id), lambda: factcheck.CHECKS[claim_id](self))
+        def make():
+            f = factcheck.CHECKS[claim_id](self)
+            f.run = self.label
+            return f
+        return self.cached(("finding", claim_id), make)
 
     def verdicts(self, *claim_ids: str) -> list[tuple[str, str, str]]:
         """(claim, verdict, why) for drills: the very verdicts ``minipaged factcheck`` prints."""
         return [(f.quote, f.verdict, f.right) for f in map(self.finding, claim_ids)]
+
+
+_CANONICAL: list[Context] = []
+
+
+def canonical() -> Context:
+    """The course's one shared Context (``CANONICAL_REQUESTS``, ``CANONICAL_SEED``), built once
+    per process, so a lesson that prints a figure twice computes it once."""
+    if not _CANONICAL:
+        _CANONICAL.append(Context(CANONICAL_REQUESTS, CANONICAL_SEED))
+    return _CANONICAL[0]

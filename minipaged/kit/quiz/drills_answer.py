@@ -14,7 +14,7 @@ import numpy as np
 
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, Drill, nbytes, pct
 
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 
@@ -130,11 +130,14 @@ def follow_up_3(ctx: Context) -> Answer:
             "Yes, they compose: FlashAttention already walks K/V tile by tile with an online "
             "softmax, and a page is just a tile whose address comes from the block table. The "
             "frictions are practical: upstream flash_attn_with_kvcache takes block_table "
-            "[batch, max_blocks] but requires page_size to be a multiple of 256 (vLLM's fork "
-            "relaxes it to 16), and cache layouts differ ([NB, BS, Hkv, D] there, [NB, Hkv, BS, "
-            "D] here). FlashInfer takes the table as CSR (kv_indptr, kv_indices, "
-            "kv_last_page_len). Below: the block-by-block paged computation equals tiled dense "
-            "attention exactly, and plain attention to rounding."),
+            "[batch, max_blocks] but requires page_size to be a multiple of 256 (its docstring; "
+            "vLLM's fork, vllm-project/flash-attention, relaxes it to 16), and cache layouts "
+            "differ ([NB, BS, Hkv, D] there, [NB, Hkv, BS, D] in minipaged). vLLM v1 uses "
+            "exactly this: its FlashAttention backend reads the paged cache through the block "
+            "table (vllm/v1/attention/backends/flash_attn.py). FlashInfer takes the table as CSR "
+            "(kv_indptr, kv_indices, kv_last_page_len; its docs, 'KV-Cache Layout'). Below: "
+            "minipaged's block-by-block paged computation equals tiled dense attention exactly, "
+            "and plain attention to rounding."),
         figures=[("max |paged online - dense(tile=16)|, 150 tokens, fp32",
                   f"{float(np.abs(out - dense_attention(q, k, v, tile=bs)).max()):.1e}"),
                  ("max |paged online - plain softmax|",
@@ -188,8 +191,8 @@ def pitfall_block_size(ctx: Context) -> Answer:
             "Bigger is not better: the table shrinks, but every sequence's last block wastes "
             "BS/2 slots on average, blocks are the granularity of sharing (prefix caching "
             "shares only full blocks) and of swapping, and the kernel's work split depends on "
-            "it. 16 balances these on the paper's workloads; the table's size never matters "
-            "(kilobytes next to gigabytes of KV)."),
+            "it. 16 balances these on the paper's workloads (section 7.2, Fig. 18b); the "
+            "table's size never matters (kilobytes next to gigabytes of KV)."),
         figures=figures,
         commands=[ctx.sim_command(block_size=bs) for bs in (16, 128)],
         verdicts=ctx.verdicts("sweet-spot-16"))
@@ -198,11 +201,12 @@ def pitfall_block_size(ctx: Context) -> Answer:
 def pitfall_vllm_only(ctx: Context) -> Answer:
     return Answer(
         text=(
-            "The idea is general. TensorRT-LLM pages its KV cache in blocks; FlashAttention's "
-            "flash_attn_with_kvcache takes a block_table; FlashInfer stores the page table as "
-            "CSR (kv_indptr, kv_indices, kv_last_page_len); SGLang's RadixAttention keeps a "
-            "radix tree over token ids with page size 1 and LRU eviction. Exercise 12 converts "
-            "between vLLM's padded table and FlashInfer's CSR."),
+            "The idea is general. TensorRT-LLM pages its KV cache in blocks (its docs on the "
+            "paged KV cache); FlashAttention's flash_attn_with_kvcache takes a block_table; "
+            "FlashInfer stores the page table as CSR (kv_indptr, kv_indices, kv_last_page_len); "
+            "SGLang's RadixAttention keeps a radix tree over token ids, page size 1 by default, "
+            "with LRU eviction (Zheng et al., SGLang, 2024). Exercise 12 converts between a "
+            "padded [S, MB] table (minipaged's) and FlashInfer's CSR."),
         commands=["minipaged check 12"],
         verdicts=ctx.verdicts("others-page-too"))
 
@@ -211,9 +215,11 @@ def refcount_cap(ctx: Context) -> Answer:
     f = ctx.finding("refcount-cap")
     return Answer(
         text=(
-            "There is no cap. The paper's copy-on-write (section 4.4) and vLLM's RefCounter "
-            "only require the count to stay >= 0; 16 is the default block size, not a "
-            "reference limit. What limits sharing is memory for the copies."),
+            "There is no cap. The paper's copy-on-write (section 4.4) and vLLM v0's RefCounter "
+            "(vllm/core/block/common.py) only require the count to stay >= 0; v1's blocks "
+            "count users the same way (ref_cnt, vllm/v1/core/kv_cache_utils.py). 16 is the "
+            "default block size, not a reference limit. What limits sharing is memory for the "
+            "copies."),
         figures=[("reference count of a block after 100 forks", str(f.figures["ref_count"]))],
         commands=["python lessons/04_copy_on_write.py"],
         verdicts=ctx.verdicts("refcount-cap"))
@@ -225,16 +231,18 @@ def no_replacement(ctx: Context) -> Answer:
         text=(
             "Wrong on both counts. When blocks run out vLLM preempts whole sequence groups, "
             "most recently arrived first, and either swaps their blocks to CPU memory or drops "
-            "them to recompute later (paper section 4.5): that is page replacement with "
-            "a victim policy. And the prefix cache keeps freed blocks and evicts the least "
-            "recently used one when it needs memory."),
+            "them to recompute later (paper section 4.5; the v1 engine only recomputes): that "
+            "is page replacement with a victim policy. And vLLM's prefix cache keeps freed "
+            "blocks and evicts the least recently used one when it needs memory "
+            "(vllm/v1/core/block_pool.py); minipaged's does the same (sharing/prefix_cache.py)."),
         figures=[
-            ("preemptions, 2 GiB of KV cache, 2 requests/s", str(f["preemptions"])),
+            ("preemptions, ShareGPT, 2 GiB of KV cache, 2 requests/s (recompute)",
+             str(f["preemptions"])),
             ("prefix hit of a 9-token prompt, BS 4, pool of 4, before eviction",
              f"{f['hit_before']} tokens"),
             ("  after two other prompts evicted it (LRU)", f"{f['hit_after']} tokens"),
         ],
-        commands=[ctx.sim_command(kv_cache_gb=2.0, request_rate=2.0),
+        commands=[ctx.sim_command(**PRESSURE_RUN),
                   "minipaged demo preempt", "minipaged demo prefix"],
         verdicts=ctx.verdicts("no-page-replacement"))
 

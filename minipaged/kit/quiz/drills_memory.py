@@ -9,28 +9,31 @@ from __future__ import annotations
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes
+from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, Drill, nbytes
 
 
 def why_16(ctx: Context) -> Answer:
-    runs = {bs: ctx.sim(workload="alpaca", block_size=bs) for bs in (16, 128)}
+    sweep = ctx.block_sweep()["alpaca"]
     lens = ctx.final_lens("sharegpt")
     return Answer(
         text=(
             "Large enough that a warp's work per block and the table walk stay cheap, small "
             "enough that the unused tail (BS/2 per sequence on average) stays small next to "
-            "short sequences. The paper's Fig. 18b: ShareGPT is fastest anywhere from 16 to "
-            "128; Alpaca (short requests) does well at 16-32 and degrades with larger blocks. "
-            "vLLM's v0 CUDA kernel is instantiated for 8, 16 and 32 only, to cut compile time; "
-            "the v1 engine accepts more (its FlashAttention backend: multiples of 16)."),
+            "short sequences. The paper (Fig. 18b, section 7.2): ShareGPT is fastest anywhere "
+            "from 16 to 128; Alpaca (short requests) does well at 16-32 and degrades with larger "
+            "blocks; vLLM defaults to 16 as good on most workloads. vLLM's legacy CUDA kernel is "
+            "a template instantiated for 8, 16 and 32 only, to cut compile time (csrc/attention/"
+            "); the v1 engine accepts more (its FlashAttention backend: any multiple of 16, "
+            "vllm/v1/attention/backends/flash_attn.py)."),
         figures=[
             *((f"Alpaca, BS {bs}: avg batch / tokens per s",
-               f"{r.avg_batch_size:.1f} / {r.throughput_tokens_per_s:.0f}")
-              for bs, r in runs.items()),
+               f"{sweep[bs]['avg_batch_size']:.1f} / {sweep[bs]['throughput_tokens_per_s']:.0f}")
+              for bs in (16, 32, 128)),
+            ("Alpaca: block size with the highest throughput", str(sweep["best_block_size"])),
             ("ShareGPT lengths, mean unused slots per sequence at BS 16",
              f"{float(np.mean(cdiv(lens, 16) * 16 - lens)):.1f}"),
         ],
-        commands=[ctx.sim_command(workload="alpaca", block_size=bs) for bs in (16, 128)])
+        commands=[f"minipaged experiment 4 --num-requests {ctx.num_requests} --seed {ctx.seed}"])
 
 
 def block_size_limits(ctx: Context) -> Answer:
@@ -52,7 +55,9 @@ def block_size_limits(ctx: Context) -> Answer:
             "blocks: the unused tail grows, fewer prefixes are shareable (only full blocks "
             "are cached), and in vLLM's v0 kernel a warp's lanes split a block's tokens into "
             "thread groups, so the block size is a template parameter (instantiated for 8, 16, "
-            "32). FlashAttention's upstream paged path requires multiples of 256."),
+            "32; csrc/attention/attention_kernels.cuh). FlashAttention's upstream paged path "
+            "requires multiples of 256 (flash_attn_with_kvcache); vLLM's fork and its v1 "
+            "backend take multiples of 16."),
         figures=figures,
         commands=["minipaged bench kernel --help", ctx.sim_command(block_size=256)])
 
@@ -89,9 +94,11 @@ def gqa(ctx: Context) -> Answer:
             "The cache stores K and V per KV head, so GQA divides it by H / Hkv (4 for "
             "Llama-3-8B: 32 query heads share 8 KV heads). Four times the tokens fit, so four "
             "times the batch, or four times the context. Query head h reads KV head "
-            "h // (H / Hkv). vLLM's paged kernel runs one thread block per query head, so each "
-            "re-reads its KV head (reuse only through the L2 cache); FlashAttention and "
-            "FlashInfer load a KV head once for its whole group of query heads."),
+            "h // (H / Hkv). vLLM's legacy paged kernel runs one thread block per query head "
+            "(grid (num_heads, num_seqs, partitions), csrc/attention/attention_kernels.cuh), so "
+            "each re-reads its KV head (reuse only through the L2 cache); FlashAttention and "
+            "FlashInfer load a KV head once for its whole group of query heads. minipaged's "
+            "kernel (cuda/paged_attention.cu) does as vLLM's: one thread block per query head."),
         figures=[
             ("Llama-3-8B KV per token (8 KV heads)", nbytes(m.kv_bytes_per_token)),
             ("  the same model with 32 KV heads (MHA)", nbytes(mha)),
@@ -138,8 +145,9 @@ def swap_vs_recompute(ctx: Context) -> Answer:
     figures.append(("recompute 1000 tokens (one prefill step)",
                     f"{1e3 * cost.step_time(1000, 1000):.1f} ms"))
     for mode in ("swap", "recompute"):
-        r = ctx.sim(kv_cache_gb=2, preemption_mode=mode)
-        figures.append((f"2 GiB KV, {mode}: preemptions / normalized latency",
+        r = ctx.pressure() if mode == "recompute" else ctx.sim(**PRESSURE_RUN,
+                                                               preemption_mode=mode)
+        figures.append((f"ShareGPT, 2 GiB KV, 2 req/s, {mode}: preemptions / normalized latency",
                         f"{r.num_preemptions} / {r.normalized_latency_s_per_token:.3f} s/token"))
     return Answer(
         text=(
@@ -147,11 +155,12 @@ def swap_vs_recompute(ctx: Context) -> Answer:
             "recompute drops them and re-runs prompt + generated tokens as one prefill later. "
             "Swapping pays per block copied (small blocks: many small copies), recomputation "
             "pays compute that does not depend on the block size. The paper (Fig. 19) finds "
-            "them comparable for blocks of 16-64. vLLM v0 recomputed single-sequence groups "
-            "and swapped groups of several sequences (beam search, n > 1); the v1 engine only "
-            "recomputes (vllm/v1/core/sched/scheduler.py)."),
+            "them comparable for blocks of 16-64. vLLM v0 by default recomputed single-sequence "
+            "groups and swapped groups of several sequences (beam search, n > 1), which it could "
+            "not recompute (vllm/core/scheduler.py, _preempt); the v1 engine only recomputes "
+            "(vllm/v1/core/sched/scheduler.py). minipaged does either, as configured."),
         figures=figures,
-        commands=[ctx.sim_command(kv_cache_gb=2, preemption_mode=m)
+        commands=[ctx.sim_command(**PRESSURE_RUN, preemption_mode=m)
                   for m in ("swap", "recompute")] + ["minipaged check 11"])
 
 

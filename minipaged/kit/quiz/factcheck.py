@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minipaged.kit.quiz.answer import CLAIMS
-from minipaged.kit.quiz.context import Context, pct
+from minipaged.kit.quiz.context import CANONICAL_REQUESTS, CANONICAL_SEED, Context, canonical, pct
 
 VERDICTS = ("holds", "off", "unsupported")
 ORCA = ("orca-max", "orca-pow2", "orca-oracle")
@@ -34,6 +34,7 @@ class Finding:
     verdict: str        # holds | off | unsupported
     right: str          # the right figure, or the evidence, with its source
     figures: dict
+    run: str = ""       # the run its simulations came from (Context.label)
 
 
 def finding(claim_id: str, measured: str, verdict: str, right: str, **figures) -> Finding:
@@ -72,8 +73,11 @@ def utilization_before(ctx: Context) -> Finding:
 def default_block_16(ctx: Context) -> Finding:
     return finding(
         "default-block-16", "minipaged's simulator and vLLM both default to block_size=16",
-        "holds", "vLLM: CacheConfig.DEFAULT_BLOCK_SIZE = 16 (vllm/config/cache.py); its v0 "
-        "CUDA kernel is instantiated for 8, 16 and 32 only, to cut compile time")
+        "holds", "vLLM: CacheConfig.DEFAULT_BLOCK_SIZE = 16 (vllm/config/cache.py), chosen as "
+        "large enough for the GPU and small enough for little fragmentation (paper section "
+        "7.2). Its legacy paged-attention CUDA kernel is a template instantiated for 8, 16 and "
+        "32 only, to cut compile time (csrc/attention/); the v1 engine's FlashAttention "
+        "backend takes any multiple of 16 (vllm/v1/attention/backends/flash_attn.py)")
 
 
 def no_external_fragmentation(ctx: Context) -> Finding:
@@ -81,7 +85,8 @@ def no_external_fragmentation(ctx: Context) -> Finding:
     return finding(
         "no-external-fragmentation", "paged external fragmentation in the simulation: "
         f"{pct(u['external_fragmentation'])}", "holds",
-        "any free block serves any sequence, so no free memory is ever unusable (section 4.2)",
+        "blocks all have one size, so any free block serves any sequence and no free memory "
+        "is unusable (paper section 1); only the last block of a sequence is partly empty",
         external_fragmentation=u["external_fragmentation"])
 
 
@@ -97,7 +102,8 @@ def copy_on_write(ctx: Context) -> Finding:
     return finding(
         "copy-on-write", f"fork then append: copies {copies} for the writer; the other owner, "
         f"now alone, writes in place (copies afterwards: {m.take_copies()})", "holds",
-        "the paper, section 4.4; only the last, partly filled block ever needs a copy",
+        "the paper, section 4.4; only the last, partly filled block ever needs a copy "
+        "(vLLM v0; the v1 engine has no copy-on-write: vllm/v1/core/kv_cache_manager.py)",
         copies=copies)
 
 
@@ -122,24 +128,27 @@ def sweet_spot_16(ctx: Context) -> Finding:
         "sweet-spot-16", "highest simulated throughput at block size "
         + ", ".join(f"{w}: {b}" for w, b in best.items()),
         "off", "the paper finds a range, not a point: ShareGPT is fastest from 16 to 128, "
-        "Alpaca at 16-32 (Fig. 18b); 16 is the default because it is safe for both", best=best)
+        "Alpaca at 16-32 (Fig. 18b, section 7.2); 16 is the default because it is good on "
+        "most workloads, not because it is the optimum", best=best)
 
 
 def no_page_replacement(ctx: Context) -> Finding:
     from minipaged import KVCacheManager
 
-    r = ctx.sim(kv_cache_gb=2.0, request_rate=2.0)
+    r = ctx.pressure()
     m = KVCacheManager(4, 4, enable_prefix_caching=True)   # room for one 9-token prompt
     hits = []
     for i, tokens in enumerate(([1] * 9, [1] * 9, [2] * 9, [3] * 9, [1] * 9)):
         hits.append(m.allocate(i, tokens))
         m.free(i)
     return finding(
-        "no-page-replacement", f"a 2 GiB cache at 2 req/s preempted {r.num_preemptions} "
-        f"times; a 4-block prefix cache reused {hits[1]} tokens of a prompt seen before, and "
-        f"{hits[4]} after two other prompts evicted it (LRU)",
+        "no-page-replacement", f"ShareGPT in a 2 GiB KV cache at 2 req/s: {r.num_preemptions} "
+        f"preemptions (recompute); a 4-block prefix cache reused {hits[1]} tokens of a prompt "
+        f"seen before, and {hits[4]} after two other prompts evicted it (LRU)",
         "off", "vLLM preempts whole sequence groups when blocks run out (swap or recompute, "
-        "section 4.5) and its prefix cache evicts least-recently-used blocks",
+        "paper section 4.5; the v1 engine recomputes only, vllm/v1/core/sched/scheduler.py) "
+        "and its prefix cache evicts the least recently used free block "
+        "(vllm/v1/core/block_pool.py)",
         preemptions=r.num_preemptions, hit_before=hits[1], hit_after=hits[4])
 
 
@@ -148,7 +157,8 @@ def utilization_after(ctx: Context) -> Finding:
     return finding(
         "utilization-after", f"paged (block 16): token states {pct(f['usage']['token'])} of "
         f"all KV memory, {pct(f['token_share_of_used'])} of the memory in use",
-        "holds", "the paper: 96.3% (Fig. 2); the waste is below one block per sequence",
+        "holds", "the paper: 96.3% (Fig. 2); the waste is below one block per sequence "
+        "(section 4.3)",
         token=f["usage"]["token"], token_share_of_used=f["token_share_of_used"])
 
 
@@ -160,9 +170,10 @@ def throughput_2_4x(ctx: Context) -> Finding:
         "throughput-2-4x", "highest sustainable request rate, paged over "
         + ", ".join(f"{p} {v:.2f}x" for p, v in sp.items()),
         "holds" if hi >= 2.0 and lo <= 4.0 else "off",
-        "the paper: 2-4x the request rate of Orca and FasterTransformer at the same latency "
-        f"(section 6.2); our cost model reaches {hi:.1f}x over the worst baseline and {lo:.1f}x "
-        "over the best (the paper: 1.7-2.7x over Orca (Oracle) on ShareGPT)", speedup=sp)
+        "the paper: 2-4x the throughput of Orca and FasterTransformer at the same latency "
+        f"(abstract, section 6.2); our cost model reaches {hi:.1f}x over the worst baseline and "
+        f"{lo:.1f}x over the best (the paper, ShareGPT: 1.7-2.7x over Orca (Oracle), 2.7-8x over "
+        "Orca (Max), section 6.2)", speedup=sp)
 
 
 def batch_8_to_32(ctx: Context) -> Finding:
@@ -172,8 +183,9 @@ def batch_8_to_32(ctx: Context) -> Finding:
         "batch-8-to-32", f"OPT-13B, 12 GiB KV, ShareGPT, saturated: orca-max {b['orca-max']:.1f}"
         f", orca-oracle {b['orca-oracle']:.1f}, paged {b['paged']:.1f} sequences per decode "
         f"step ({b['paged'] / b['orca-max']:.1f}x and {b['paged'] / b['orca-oracle']:.1f}x)",
-        "holds", "a loose rounding (8 -> 32 is 4x) of the paper's Fig. 13: on ShareGPT vLLM "
-        "batches about 4.3x more requests than Orca (Max) and 2.2x more than Orca (Oracle)",
+        "holds", "a loose rounding (8 -> 32 is 4x) of the paper's Fig. 13 (section 6.2): on "
+        "ShareGPT vLLM batches about 4.3x more requests than Orca (Max) and 2.2x more than "
+        "Orca (Oracle); the simulator's ratios, measured, agree",
         **b)
 
 
@@ -192,9 +204,9 @@ def block_table_32k(ctx: Context) -> Finding:
 def int32_compression(ctx: Context) -> Finding:
     return finding(
         "int32-compression", "block tables are int32 [S, MB] in minipaged, as in vLLM "
-        "(vllm/v1/worker/block_table.py) and FlashAttention", "unsupported",
-        "int32 is simply the table's type, not a mitigation; the table is small anyway (see "
-        "the 32K claim)")
+        "(vllm/v1/worker/block_table.py) and FlashAttention (flash_attn_with_kvcache)",
+        "unsupported", "int32 is simply the table's type in vLLM, not a mitigation of its "
+        "size, and no source says otherwise; the table is small anyway (see the 32K claim)")
 
 
 def block_table_128k(ctx: Context) -> Finding:
@@ -206,8 +218,9 @@ def block_table_128k(ctx: Context) -> Finding:
     return finding(
         "block-table-128k", f"{blocks} blocks (holds); int32 entries: {b4 // 1024} KiB per "
         f"request, {b4 * 1000 / 2**20:.1f} MiB per 1000; with 8 B entries {b8 // 1024} KiB",
-        "off", "8192 blocks is right, but vLLM's entries are 4 bytes (int32, no status bits): "
-        "32 KiB per request, about 31 MiB per 1000; 64 KiB only with 8-byte entries",
+        "off", "8192 blocks is right, but vLLM's entries are 4 bytes (int32, no status bits; "
+        "vllm/v1/worker/block_table.py): 32 KiB per request, about 31 MiB per 1000; 64 KiB "
+        "only with 8-byte entries",
         blocks=blocks, bytes_int32=b4, bytes_8=b8)
 
 
@@ -248,16 +261,19 @@ def flashattention_compatible(ctx: Context) -> Finding:
     return finding(
         "flashattention-compatible", "FlashAttention's flash_attn_with_kvcache takes a "
         "block_table int32 [batch, max_blocks] and a paged cache [num_blocks, page_size, Hkv, D]",
-        "holds", "upstream requires page_size to be a multiple of 256; vLLM's fork relaxes it "
-        "to 16, and vLLM v1's FlashAttention backend reads the paged cache directly "
-        "(vllm/v1/attention/backends/flash_attn.py); FlashInfer takes a CSR page table")
+        "holds", "upstream requires page_size to be a multiple of 256 (flash_attn's "
+        "flash_attn_with_kvcache docstring); vLLM's fork (vllm-project/flash-attention) "
+        "relaxes it to 16, and vLLM v1's FlashAttention backend, its default on NVIDIA GPUs, "
+        "reads the paged cache directly (vllm/v1/attention/backends/flash_attn.py); FlashInfer "
+        "takes a CSR page table")
 
 
 def others_page_too(ctx: Context) -> Finding:
     return finding(
-        "others-page-too", "documented: TensorRT-LLM pages its KV cache in blocks; SGLang keeps "
-        "a radix tree over tokens (page size 1); FlashInfer takes page tables",
-        "holds", "paging the KV cache is now the common design")
+        "others-page-too", "documented: TensorRT-LLM pages its KV cache in blocks (its docs, "
+        "'KV cache' / paged KV cache); SGLang keeps a radix tree over tokens, page size 1 by "
+        "default (RadixAttention, Zheng et al. 2024); FlashInfer takes page tables (its docs, "
+        "'KV-Cache Layout')", "holds", "paging the KV cache is now the common design")
 
 
 CHECKS: dict[str, Callable[[Context], Finding]] = {
@@ -272,8 +288,11 @@ assert list(CHECKS) == list(CLAIMS), "one check per claim of the interview answe
 
 def run(quick: bool = False, seed: int = 0, progress: Callable[[int, int], None] | None = None,
         ctx: Context | None = None) -> list[Finding]:
-    """Every finding, in the answer's order (``quick``: 150 requests per simulation, not 300)."""
-    ctx = ctx or Context(150 if quick else 300, seed)
+    """Every finding, in the answer's order: from the canonical run (``context.canonical``),
+    or with ``quick`` from 150 requests per simulation (each finding says which run)."""
+    if ctx is None:
+        canon = not quick and seed == CANONICAL_SEED
+        ctx = canonical() if canon else Context(150 if quick else CANONICAL_REQUESTS, seed)
     out = []
     for i, claim_id in enumerate(CHECKS, 1):
         out.append(ctx.finding(claim_id))
@@ -286,8 +305,9 @@ def table(findings: list[Finding]):
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title="Fact-check of the interview answer: every checkable claim, measured",
-              show_lines=True)
+    runs = sorted({f.run for f in findings if f.run})
+    t = Table(title="Fact-check of the interview answer: every checkable claim, measured"
+                    + (f" ({'; '.join(runs)})" if runs else ""), show_lines=True)
     for col in ("claim (the interview answer)", "minipaged measures", "verdict"):
         t.add_column(col, ratio=3)
     color = {"holds": "green", "off": "red", "unsupported": "yellow"}

@@ -66,7 +66,7 @@ class _System:
                                                 f"{self.cache.num_free_blocks} free")
         r = self.requests[seq_id]
         ok = self.cache.can_reserve(len(r.prompt), r.final_len)
-        size, free = self.cache.reservation_size(r.final_len), self.cache.num_free
+        size, free = self.cache.reservation_size(len(r.prompt), r.final_len), self.cache.num_free
         if free < size:
             return ok, f"needs {size} contiguous slots, {free} free"
         pieces = sorted((n for _, n in self.cache.allocator.free_blocks()), reverse=True)
@@ -78,7 +78,8 @@ class _System:
         """The region the next waiting request needs: what external fragmentation is judged by."""
         if self.kind == "paged" or not self.waiting:
             return None
-        return self.cache.reservation_size(self.requests[self.waiting[0]].final_len)
+        r = self.requests[self.waiting[0]]
+        return self.cache.reservation_size(len(r.prompt), r.final_len)
 
     def final_lens(self) -> dict[int, int]:
         return {s: self.requests[s].final_len for s in self.running}
