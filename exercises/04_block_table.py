@@ -10,8 +10,9 @@ block id. The slot of token position p is where its K/V live in the pool:
 Five words that must never blur: token position (p), logical block (p // BS), physical block
 (block_table[p // BS]), offset in the block (p % BS) and slot (the flat index above).
 
-Kernels take the tables of a whole batch as one int32 array [S, MB], padded with -1 past each
-sequence's last block.
+minipaged's kernels take the tables of a whole batch as one int32 array [S, MB], padded with -1
+past each sequence's last block (the kernels never read past a sequence's length, so the value
+is a convention; vLLM v1 keeps one persistent zero-filled table, vllm/v1/worker/block_table.py).
 """
 
 from __future__ import annotations

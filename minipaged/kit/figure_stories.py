@@ -227,7 +227,7 @@ def _contiguous(policy: str) -> tuple[str, list[tuple[str, str]], str]:
             s = waiting.pop(0)
             cache.reserve(s, *REQUESTS[s])
             cache.advance(s, REQUESTS[s][0])
-    need = cache.reservation_size(REQUESTS[waiting[0]][1]) if waiting else MAX_LEN
+    need = cache.reservation_size(*REQUESTS[waiting[0]]) if waiting else MAX_LEN
     slots = [("free", "")] * NUM_SLOTS
     for s in cache.seq_ids:
         r = cache.reservation(s)

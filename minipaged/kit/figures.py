@@ -14,7 +14,6 @@ A figure is stale when a manager, the simulator or a story changed what it draws
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -24,8 +23,6 @@ from pathlib import Path
 from minipaged.kit.diagrams import SEQ_COLORS, Drawing, table, usage_bars
 from minipaged.kit.figure_stories import fragmentation, stories
 
-SEED = 0
-SIM_REQUESTS = 200       # enough requests to saturate the paper's 12 GiB of KV cache
 BUILD = "minipaged present --build-figures"
 
 
@@ -46,12 +43,12 @@ def colors(names) -> dict[str, str]:
     return out
 
 
-@functools.cache
 def _context():
-    """The measurements the deck shows, shared with the fact-check table (one run each)."""
-    from minipaged.kit.quiz import Context
+    """The course's canonical run (kit/quiz/context.py), shared with the lessons, the quiz and
+    the fact-check: one measurement per quantity, and each figure says which run it is."""
+    from minipaged.kit.quiz.context import canonical
 
-    return Context(SIM_REQUESTS, SEED)
+    return canonical()
 
 
 def _fig2_fractions(policy: str) -> dict[str, float]:
@@ -64,26 +61,19 @@ def _fig2() -> Drawing:
              "orca-oracle": "Orca (Oracle)", "paged": "paged (vLLM)"}
     rows = [(names[p], _fig2_fractions(p)) for p in names]
     return usage_bars(
-        f"KV cache slots while requests wait: ShareGPT-like, OPT-13B, 12 GiB, {SIM_REQUESTS} "
-        f"requests, seed {SEED} (paper Fig. 2)", rows,
+        f"KV cache slots while requests wait: ShareGPT-like, OPT-13B, 12 GiB, "
+        f"{_context().label} (paper Fig. 2)", rows,
         ["Paper, section 3 / Fig. 2: 20.4% / 26.8% / 38.2% token states for Orca max / pow2 / "
          "oracle."])
 
 
 def _fig15() -> Drawing:
-    from minipaged.sim.simulator import SimConfig, simulate
-
-    rows = []
-    for label, key in (("parallel sampling (n = k)", "n"), ("beam search (width k)",
-                                                            "beam_width")):
-        cells = []
-        for k in (2, 4, 6):
-            r = simulate(SimConfig(workload="alpaca", num_requests=SIM_REQUESTS // 2, seed=SEED,
-                                   **{key: k}))
-            cells.append("n/a" if r.memory_saving is None else f"{100 * r.memory_saving:.1f}%")
-        rows.append([label, *cells])
-    return table(f"Memory saved by sharing: Alpaca-like, {SIM_REQUESTS // 2} requests, seed "
-                 f"{SEED}", ["sharing", "k = 2", "k = 4", "k = 6"], rows, align="lrrr", size=32,
+    saving = _context().sharing()
+    rows = [[label, *(f"{100 * saving[key][k]:.1f}%" for k in (2, 4, 6))]
+            for label, key in (("parallel sampling (n = k)", "parallel"),
+                               ("beam search (width k)", "beam"))]
+    return table(f"Memory saved by sharing: Alpaca-like, {_context().label}",
+                 ["sharing", "k = 2", "k = 4", "k = 6"], rows, align="lrrr", size=32,
                  notes=["Paper Fig. 15: parallel sampling saves 6.1-9.8%, beam search "
                         "37.6-55.2%."])
 
@@ -120,7 +110,7 @@ def _seed_wrong() -> Drawing:
     unused = 2 * 32 - 33                        # 33 tokens in two blocks of 32
     rows = [
         ["30-60% utilisation before paging",
-         f"{100 * min(orca):.0f}-{100 * max(orca):.0f}% token states ({SIM_REQUESTS} requests; "
+         f"{100 * min(orca):.0f}-{100 * max(orca):.0f}% token states (canonical run; "
          f"paper 20.4-38.2%)"],
         ["reference count capped at 16", f"no cap: 100 forks, count {ref['ref_count']}"],
         ["0.5 GB of tables / 1000 requests at 32K", f"{t32['bytes_per_1000'] / 2**20:.1f} MiB"],
@@ -148,15 +138,13 @@ def figure_specs() -> list[Figure]:
                    _kv_fits),
             Figure("fragmentation", story.format("fragmentation"),
                    lambda: fragmentation()),
-            Figure("sim_fig2_usage",
-                   f"minipaged simulate --policy POLICY --num-requests {SIM_REQUESTS} --seed 0",
+            Figure("sim_fig2_usage", "minipaged experiment 1 --num-requests 300 --seed 0",
                    _fig2)]
     figs += [Figure(n, story.format(n.split("_")[0]), _story(n)) for n in (
         "paging_early", "paging_late", "fork_shared", "fork_copied", "beam_step",
         "prefix_hits", "prefix_evicted", "preempt_swap", "preempt_recompute")]
-    figs += [Figure("sim_fig15_sharing",
-                    f"minipaged simulate --workload alpaca --n K | --beam-width K "
-                    f"--num-requests {SIM_REQUESTS // 2} --seed 0", _fig15),
+    figs += [Figure("sim_fig15_sharing", "minipaged experiment 2 --num-requests 300 --seed 0",
+                    _fig15),
              Figure("seed_wrong", "minipaged factcheck", _seed_wrong)]
     return figs
 
