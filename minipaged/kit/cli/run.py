@@ -163,6 +163,8 @@ Watch a paged KV cache work, one step at a time. Scenes, in tour order:
   fork           parallel sampling: forked sequences share blocks, copy-on-write on append
   beam           beam search: forking candidates and freeing dropped beams
   prefix         a shared system prompt: prefix-cache hits and LRU eviction
+  cow-prefix     fork with the prefix cache on: full blocks shared by hash, the last one
+                 by copy-on-write; a copy, once full, found by hash by another request
   preempt        a pool too small: swapping to a CPU pool and back, and recomputation
   attention      a query walking its block table; the output equals dense attention
   model          the tiny trained model generating through the paged engine: real text in
