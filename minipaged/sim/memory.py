@@ -128,7 +128,7 @@ MODELS = {
     "opt-13b": ModelSpec("opt-13b", 40, 40, 40, 128, 13e9, 2, 2048),
     # Llama-3-8B: 32 layers, 32 query heads, 8 KV heads (GQA), head 128, 8K context.
     "llama-3-8b": ModelSpec("llama-3-8b", 32, 32, 8, 128, 8.03e9, 2, 8192),
-    # DeepSeek-V2 (arXiv 2405.04434, section 3.1.2 and its config.json): 60 layers, 128 heads of
+    # DeepSeek-V2 (arXiv 2405.04434, its hyper-parameters; config.json): 60 layers, 128 heads of
     # d_h = 128, MLA with kv_lora_rank 512 and qk_rope_head_dim 64; 236B parameters (21B active
     # per token: the cost of a step is not modelled here), 128K context.
     "deepseek-v2": ModelSpec("deepseek-v2", 60, 128, 128, 128, 236e9, 2, 131072,
@@ -177,7 +177,7 @@ def default_kv_cache_bytes(model: ModelSpec, gpu: GPUSpec, *,
     """vLLM's rule, per GPU: the KV cache gets what is left of ``gpu_memory_utilization`` x GPU
     memory after this GPU's 1/TP of the weights. vLLM also subtracts the activation peak of a
     profiling run (vllm/v1/worker/gpu_worker.py determine_available_memory); this ignores it
-    (small at these batch sizes). 0.9 was vLLM's default for years; 0.32 has 0.92."""
+    (small at these batch sizes). 0.9 was vLLM's default; 0.32 has 0.92 (vllm/config/cache.py)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
     model.kv_heads_per_gpu(tp)  # a TP the model cannot be sharded over is refused here
