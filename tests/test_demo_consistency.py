@@ -17,6 +17,7 @@ import ast
 import re
 
 import pytest
+from test_demo_cow_prefix import cow_prefix_caption
 
 from minipaged.contiguous.buddy import next_pow2
 from minipaged.contiguous.usage import CATEGORIES
@@ -330,7 +331,7 @@ def _model(scene, frame, m):
 
 CAPTION_CHECKS = {"paging": _paging, "fragmentation": _fragmentation, "fork": _fork,
                   "beam": _beam, "prefix": _prefix, "preempt": _preempt,
-                  "attention": _attention, "model": _model}
+                  "attention": _attention, "model": _model, "cow-prefix": cow_prefix_caption}
 
 
 @pytest.mark.parametrize("seed", [0, 3, 7])

@@ -9,6 +9,10 @@ last one is full, so a sequence never holds more than BS - 1 unused slots: that 
 whole memory win of paging (vLLM section 4.2, 4.3; the paper measured ~96% of the cache holding
 token states against 20-38% for contiguous reservations).
 
+``rollback(seq_id, n)`` is ``append_slot`` undone n times: speculative decoding gives every
+draft token a slot, the target model verifies them all in one pass, and the rejected ones
+give their slots back (blocks left empty are released).
+
 This manager shares nothing: every block belongs to one sequence. The later stages subclass it:
 ``sharing/cow.py`` (fork, copy-on-write), ``sharing/prefix_cache.py`` (prefix caching) and
 ``serving/swap.py`` (preemption), which is the complete ``minipaged.KVCacheManager``.
@@ -152,6 +156,23 @@ class BlockManager:
         """A token is about to go into the table's partly filled last block. Nothing to do
         here, where no block is shared; ``sharing/cow.py`` copies a shared one first."""
 
+    def rollback(self, seq_id: SeqId, n: int) -> None:
+        """Give back the slots of the sequence's last ``n`` tokens (rejected speculative
+        tokens), 0 <= n < seq_len: at least one token stays. Blocks left with no token lose
+        this user (``free`` of the tail); the partly filled last block stays, and the next
+        ``append_slot`` writes over its rolled-back slots (copying it first if it is shared:
+        a rollback itself writes nothing). A bad ``n`` changes nothing. Call it, like
+        ``free``, once the step's K/V are written (prefix caching caches a block as it fills).
+        vLLM v1 keeps the blocks and moves ``num_computed_tokens`` back instead
+        (vllm/v1/core/sched/scheduler.py update_from_output); its next step reuses them."""
+        table, tokens = self._table(seq_id), self._tokens[seq_id]
+        n = check_int("n", n, low=0, high=len(tokens))
+        keep = len(tokens) - n
+        kept_blocks = cdiv(keep, self.block_size)
+        dropped = table[kept_blocks:]
+        del tokens[keep:], table[kept_blocks:]
+        self._release(dropped)
+
     def free(self, seq_id: SeqId) -> None:
         """Release a sequence (finished or aborted): every block of it loses one user."""
         table = self._table(seq_id)
@@ -167,18 +188,22 @@ class BlockManager:
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
         length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
-        *last* block can be partly filled, at the same fill in every table holding it (a forked
-        block is copied before it is written; prefix caching shares full blocks only), so the
-        table blocks hold BS token states each minus the empty slots of the distinct last
-        blocks. A shared block counts once, as in the oracle ``usage_slow``."""
+        *last* block can be partly filled, so the table blocks hold BS token states each minus
+        the empty slots of the distinct partly filled last blocks. A shared block counts once,
+        as in the oracle ``usage_slow``, with its fill the most any table has: a shared block
+        sits at the same position in every table holding it, so when some table holds it but
+        not as a partly filled last block (one sharer rolled back into it), it is full."""
         bs = self.block_size
         partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
+        holders: dict[int, int] = {}  # last block -> tables holding it partly filled
         for s, table in self._tables.items():
             n = len(self._tokens[s])
             if n % bs:
                 final = n if final_lens is None else max(n, int(final_lens.get(s, n)))
                 f0, w0 = partial.get(table[-1], (0, 0))
                 partial[table[-1]] = (max(f0, n % bs), max(w0, min(bs, final - n + n % bs)))
+                holders[table[-1]] = holders.get(table[-1], 0) + 1
+        partial = {b: fw for b, fw in partial.items() if holders[b] == self._table_users(b)}
         in_tables = self.num_blocks - self.num_free_blocks - self._held_outside_tables()
         token = in_tables * bs - sum(bs - f for f, _ in partial.values())
         return self._usage(token, sum(w - f for f, w in partial.values()))
@@ -203,6 +228,10 @@ class BlockManager:
     def _held_outside_tables(self) -> int:
         """Blocks in use that no table holds: none here (``sharing/cow.py`` has some)."""
         return 0
+
+    def _table_users(self, block: int) -> int:
+        """Table entries pointing at ``block``: its reference count here."""
+        return self.allocator.ref_count(block)
 
     def _expected_ref_counts(self) -> list[int]:
         """Invariant 2: per block, the number of table entries pointing at it."""

@@ -11,10 +11,12 @@ run of cached blocks from its start, at most (n - 1) // BS of them: the last pro
 always recomputed, since the model needs its logits to sample the first new token
 (vllm/v1/core/kv_cache_manager.py get_computed_blocks: ``num_tokens - 1``). Only full blocks are
 cached (those a prompt fills at ``allocate``, the last one when ``append_slot`` fills it), and a
-full block is never written again.
+block with a hash is never written: after a ``rollback`` cut into one it stays findable (its K/V
+are intact) until the next write evicts it (one user) or copies it (shared).
 
-Freed blocks keep their K/V and hash. ONE free queue holds every free block in eviction order
-(vLLM's FreeKVCacheBlockQueue, vllm/v1/core/kv_cache_utils.py), 0..NB-1 at first:
+Freed blocks keep their K/V and hash. ONE free queue, an OrderedDict (O(1) at both ends and in
+the middle), holds every free block in eviction order (vLLM's FreeKVCacheBlockQueue,
+vllm/v1/core/kv_cache_utils.py), 0..NB-1 at first:
     allocate  pops the head; a popped block that carries a hash is evicted only now (its hash
               dropped): eviction happens when a block is needed (block_pool.py get_new_blocks);
     free      puts a block with a hash at the tail (least recently used first) and one without
@@ -22,31 +24,26 @@ Freed blocks keep their K/V and hash. ONE free queue holds every free block in e
               earlier v1 releases appended both to the tail). A table is freed tail first, so
               its tail blocks, the least likely to be shared, are evicted before its head;
     hit       takes a free cached block out of the middle of the queue (block_pool.py touch).
-The queue is a ``collections.OrderedDict``: O(1) at both ends and in the middle.
 
 Hash only, or hash and tokens? vLLM finds a block by its hash alone (block_pool.py
-get_cached_block) and relies on a strong hash, sha256 by default (vllm/config/cache.py
-prefix_caching_hash_algo). nano-vllm also compares the cached block's token ids
-(nanovllm/engine/block_manager.py), and so does minipaged: one tuple comparison per hit, and as
-``hash_fn`` is pluggable (the default is Python's 64-bit, non-cryptographic tuple hash), a weak
-hash then costs hits instead of serving another block's K/V. It is no proof: two prefixes whose
-chain hashes collide, followed by equal tokens, still match; both systems accept that risk.
+get_cached_block), a strong one, sha256 by default (vllm/config/cache.py prefix_caching_hash_algo).
+nano-vllm (nanovllm/engine/block_manager.py) and minipaged also compare the cached block's token
+ids: one tuple comparison per hit, so a weak ``hash_fn`` (pluggable; the default is Python's
+64-bit, non-cryptographic tuple hash) costs hits rather than serving another block's K/V. No proof:
+colliding chain hashes followed by equal tokens still match (a risk both accept).
 
-Duplicates: a block that becomes full under a hash already cached (the same prefix computed
-twice: a prompt recomputing its last full block, two requests decoding the same tokens) is
-cached too, as in vLLM (block_pool.py BlockHashToBlockMap: "we don't de-duplicate"): tables stay
-append-only, and the copy still hits once the first is evicted. Lookups return the earliest.
+Duplicates (the same prefix computed twice) are cached too, as in vLLM (block_pool.py
+BlockHashToBlockMap: "we don't de-duplicate"): no table entry is rewritten, and the copy still
+hits once the first is evicted. Lookups return the earliest.
 
-Fork and copy-on-write (``sharing/cow.py``) work here too, as vLLM v0's prefix-caching block
-manager allowed: full blocks are shared by hash and reference count, the partial last block by
-reference count with copy-on-write, and a copied block gets its hash when it becomes full.
-Paper: section 4.4 (shared prefix). Read next: ``serving/swap.py``.
+Fork and copy-on-write (``sharing/cow.py``) work here as in vLLM v0's prefix-caching block manager:
+full blocks are shared by hash and reference count, the partial last block by reference count with
+copy-on-write (a copy gets a hash once full). Paper: section 4.4. Read next: ``serving/swap.py``.
 
 Invariants (``check_invariants``; the stateful tests run them with fork and copy-on-write):
     1. the free queue holds every free block once: first those without a hash, then those with
        one, least recently used first; so allocation evicts only when nothing else is free;
-    2. the table maps each hash to the blocks that carry it; a block carries at most one hash
-       and the token ids it was cached with;
+    2. the table maps each hash to the blocks carrying it; a block carries <= 1 hash, its tokens;
     3. every full block of a live table carries the chain hash of its position in that table.
 """
 
@@ -61,7 +58,6 @@ from minipaged.paged.block_manager import SeqId
 from minipaged.sharing.cow import CowBlockManager
 
 ROOT_HASH = 0  # the "parent hash" of a sequence's first block
-
 HashFn = Callable[[Hashable, tuple[int, ...]], Hashable]
 
 
@@ -87,7 +83,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _take_free(self) -> int:
         block, _ = self._free.popitem(last=False)
         if self._hash[block] is not None:
-            self._evict(block)
+            self.evict(block)
         return block
 
     def _put_free(self, blocks: list[int]) -> None:
@@ -98,13 +94,16 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self._free[b] = None
             self._free.move_to_end(b, last=False)  # the head, in the order given
 
-    def _evict(self, block: int) -> None:
+    def evict(self, block: int) -> None:
+        """Drop a block's hash, to reuse the block: no lookup finds it any more."""
         h = self._hash[block]
         self._cached[h].remove(block)
         if not self._cached[h]:
             del self._cached[h]
         self._hash[block] = self._block_tokens[block] = None
         self.evictions += 1
+
+    _evict = evict  # its older, private name
 
     def lookup(self, block_hash: Hashable, token_ids: tuple[int, ...]) -> int | None:
         """The earliest cached block with this hash and these token ids, or None."""
@@ -171,9 +170,8 @@ class PrefixCachingBlockManager(CowBlockManager):
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  hash_fn: HashFn | None = None) -> None:
         super().__init__(num_blocks, block_size)
-        if hash_fn is not None:
-            check_callable("hash_fn", hash_fn)
-        self.hash_fn: HashFn = hash_fn or default_block_hash
+        self.hash_fn: HashFn = (default_block_hash if hash_fn is None
+                                else check_callable("hash_fn", hash_fn))
         self.enable_prefix_caching = bool(enable_prefix_caching)
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
@@ -256,6 +254,17 @@ class PrefixCachingBlockManager(CowBlockManager):
             hashes.append(h)
             self.allocator.cache_block(slot // bs, h, chunk)
         return slot
+
+    def _before_write(self, table: list[int]) -> None:
+        if self.enable_prefix_caching and self.allocator.block_hash(table[-1]) is not None \
+                and self._table_users(table[-1]) == 1:  # a block with a hash is never written:
+            self.allocator.evict(table[-1])              # its only user evicts it first,
+        super()._before_write(table)                     # a sharer copies it (copy-on-write)
+
+    def rollback(self, seq_id: SeqId, n: int) -> None:
+        super().rollback(seq_id, n)
+        if self.enable_prefix_caching:
+            del self._hashes[seq_id][self.seq_len(seq_id) // self.block_size:]
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
         super().fork(parent_seq_id, child_seq_id)

@@ -163,13 +163,16 @@ def _demo(sub) -> None:
 
 
 def _kv_calc(sub) -> None:
-    from minipaged.sim.memory import PRESETS
+    from minipaged.sim.memory import KV_DTYPE_BYTES, KV_PRESETS
 
     p = command(sub, "kv-calc", "KV cache arithmetic: bytes per token, slots, blocks, "
                 "block-table size", run.KV_CALC_HELP, run.kv_calc)
-    p.add_argument("--model", default="opt-13b", choices=sorted(PRESETS),
+    p.add_argument("--model", default="opt-13b", choices=sorted(KV_PRESETS),
                    help="model + GPU preset (opt-13b: A100-40GB with 12 GiB of KV cache, the "
-                        "paper's setting; llama-3-8b: H100-80GB)")
+                        "paper's setting; llama-3-8b: H100-80GB; deepseek-v2: MLA, 8 H100s)")
+    num(p, "--tp", int, None, "tensor-parallel GPUs (unset: the preset's): KV bytes per GPU")
+    p.add_argument("--kv-dtype", choices=sorted(KV_DTYPE_BYTES),
+                   help="KV cache dtype (unset: the model's): 2 bytes per element, fp8 1")
     num(p, "--kv-cache-gb", float, None, "override the KV cache budget, in GiB",
         bounds(above=0, high=2**40))
     num(p, "--layers", int, None, "custom model: number of layers")

@@ -165,6 +165,8 @@ Watch a paged KV cache work, one step at a time. Scenes, in tour order:
   fork           parallel sampling: forked sequences share blocks, copy-on-write on append
   beam           beam search: forking candidates and freeing dropped beams
   prefix         a shared system prompt: prefix-cache hits and LRU eviction
+  cow-prefix     fork with the prefix cache on: full blocks shared by hash, the last one
+                 by copy-on-write; a copy, once full, found by hash by another request
   preempt        a pool too small: swapping to a CPU pool and back, and recomputation
   attention      a query walking its block table; the output equals dense attention
   model          the tiny trained model generating through the paged engine: real text in
@@ -195,36 +197,54 @@ How many tokens fit: KV bytes per token, token slots, blocks, and the block tabl
 The opt-13b preset is the paper's setting (section 3, Table 1: about 12 GB of KV cache on one
 A100-40GB, 800 KB per token, about 15.7K token slots; its "GB" is GiB). --layers, --kv-heads,
 --head-size and --dtype-bytes replace the preset's values (a "custom" model).
+
+Bytes are per GPU. --tp N shards the KV heads over N GPUs, max(1, KV heads // N) each, so
+they replicate when N > KV heads (vLLM's rule, vllm/config/model.py get_num_kv_heads); the
+budget of a preset sized by vLLM's rule is recomputed with 1/N of the weights per GPU.
+--kv-dtype fp8 halves the bytes of fp16/bf16. deepseek-v2 caches one MLA latent per token and
+layer, kv_lora_rank 512 + qk_rope_head_dim 64 elements, on every GPU (TP does not divide it).
 """
 
 
 def kv_calc(args) -> int:
+    from dataclasses import replace
+
     from rich.console import Console
     from rich.table import Table
 
     from minipaged.kit.quiz import nbytes
-    from minipaged.sim.memory import MemoryPreset, ModelSpec, kv_calc, preset
+    from minipaged.sim.memory import kv_calc, kv_preset
 
-    p = preset(args.model, kv_cache_gb=args.kv_cache_gb)
+    if args.kv_dtype is not None and args.dtype_bytes is not None:
+        raise ValueError("--kv-dtype and --dtype-bytes both set the bytes per element: give one")
+    p = kv_preset(args.model, kv_cache_gb=args.kv_cache_gb, tp=args.tp, kv_dtype=args.kv_dtype)
     if any(v is not None for v in (args.layers, args.kv_heads, args.head_size, args.dtype_bytes)):
         m = p.model                  # a custom model: the given values replace the preset's
+        if m.is_mla and (args.kv_heads or args.head_size):
+            raise ValueError(f"--kv-heads and --head-size do not change the KV of {m.name}: "
+                             f"MLA caches one latent per token and layer")
         kv_heads = args.kv_heads or m.num_kv_heads      # (the parser refused 0 and below)
-        m = ModelSpec(f"{m.name} (custom)", args.layers or m.num_layers, kv_heads, kv_heads,
-                      args.head_size or m.head_size, m.num_params,
-                      args.dtype_bytes or m.dtype_bytes, m.max_model_len)
-        p = MemoryPreset(m, p.gpu, p.kv_cache_bytes)
+        heads = m.num_heads if m.num_heads % kv_heads == 0 else kv_heads
+        m = replace(m, name=f"{m.name} (custom)", num_layers=args.layers or m.num_layers,
+                    num_heads=heads, num_kv_heads=kv_heads, head_size=args.head_size or
+                    m.head_size, dtype_bytes=args.dtype_bytes or m.dtype_bytes)
+        p = replace(p, model=m)
     r = kv_calc(p, block_size=args.block_size, context_len=args.context_len,
                 num_requests=args.num_requests, entry_bytes=args.entry_bytes)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    t = Table(title=f"KV cache of {r['model']} on {r['gpu']}")
+    per_gpu = " (per GPU)" if r["tp"] > 1 else ""
+    how = ((f"(kv_lora_rank + qk_rope_head_dim) x layers x {r['kv_dtype_bytes']} B (MLA)")
+           if r["mla"] else f"2 x layers x {r['kv_heads_per_gpu']} KV heads{per_gpu} x "
+           f"head_size x {r['kv_dtype_bytes']} B")
+    t = Table(title=f"KV cache of {r['model']} on {r['gpu']}"
+                    + (f", tensor parallel over {r['tp']} GPUs" if r["tp"] > 1 else ""))
     for col, justify in (("quantity", "left"), ("value", "right"), ("how", "left")):
         t.add_column(col, justify=justify)
     for row in (
-        ("KV bytes per token", nbytes(r["kv_bytes_per_token"]),
-         "2 x layers x kv_heads x head_size x dtype bytes"),
-        ("KV cache budget", nbytes(r["kv_cache_bytes"]), "preset or --kv-cache-gb"),
+        (f"KV bytes per token{per_gpu}", nbytes(r["kv_bytes_per_token"]), how),
+        (f"KV cache budget{per_gpu}", nbytes(r["kv_cache_bytes"]), "preset or --kv-cache-gb"),
         ("token slots", f"{r['token_slots']:,}", "budget // bytes per token"),
         ("blocks", f"{r['num_blocks']:,}", f"slots // block_size ({r['block_size']})"),
         ("bytes per block", nbytes(r["block_bytes"]), "block_size x bytes per token"),

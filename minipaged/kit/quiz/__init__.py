@@ -13,6 +13,7 @@ the attention code). The package, in reading order:
     drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
     drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
     drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
+    drills_systems.py    interviewer drills: vLLM v1, TP, fp8, MLA, speculation, critiques
     glossary.py          the course's vocabulary in English and Chinese
 
 This module runs the drills: one at a time in a terminal (a key reveals each answer), all at
@@ -23,10 +24,11 @@ from __future__ import annotations
 
 import sys
 
-from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory
+from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory, drills_systems
 from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
 
-DRILLS: tuple[Drill, ...] = drills_answer.DRILLS + drills_memory.DRILLS + drills_mechanics.DRILLS
+DRILLS: tuple[Drill, ...] = (drills_answer.DRILLS + drills_memory.DRILLS + drills_mechanics.DRILLS
+                             + drills_systems.DRILLS)
 
 __all__ = ["DRILLS", "Answer", "Context", "Drill", "answer_renderable", "decode_key", "nbytes",
            "pct", "run_quiz", "select", "wait_key"]

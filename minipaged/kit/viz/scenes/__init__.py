@@ -14,6 +14,7 @@ from rich.text import Text
 
 from minipaged.kit.viz.scene import Scene
 from minipaged.kit.viz.scenes.attention import AttentionScene
+from minipaged.kit.viz.scenes.cow_prefix import CowPrefixScene
 from minipaged.kit.viz.scenes.fragmentation import FragmentationScene
 from minipaged.kit.viz.scenes.model import ModelScene
 from minipaged.kit.viz.scenes.paging import PagingScene
@@ -23,7 +24,8 @@ from minipaged.kit.viz.scenes.sharing import BeamScene, ForkScene
 from minipaged.kit.viz.style import HEADING_STYLE, NOTE_STYLE
 
 SCENES: tuple[type[Scene], ...] = (FragmentationScene, PagingScene, ForkScene, BeamScene,
-                                   PrefixScene, PreemptScene, AttentionScene, ModelScene)
+                                   PrefixScene, CowPrefixScene, PreemptScene, AttentionScene,
+                                   ModelScene)
 
 
 def intro_frame(scenes: list[Scene], skipped: list[tuple[str, str]]) -> RenderableType:
