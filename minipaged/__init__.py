@@ -17,7 +17,8 @@ lessons in ``lessons/`` follow the same stages):
     sharing/prefix_cache.py               prefix caching: a hash chain and an LRU free queue
     serving/swap.py              stage 5  preemption: swap to a CPU pool, or recompute
     serving/memory_policy.py              the scheduler's view of memory: blocks or regions
-    serving/scheduler.py                  continuous batching: FCFS, preemption, chunked prefill
+    serving/queues.py                     continuous batching's queues and the contract of a step
+    serving/scheduler.py                  the scheduler: FCFS, preemption, chunked prefill
 
 After the core: ``sim/`` (workloads, a cost model, the simulator and the paper's experiments),
 ``cuda/`` (stage 6: the CUDA kernels, run by CuPy on a GPU or by the CPU emulation harness in
@@ -52,7 +53,7 @@ READING_ORDER = (
     "paged/block_allocator.py", "paged/block_manager.py", "paged/cache_ops.py",
     "paged/paged_attention.py",
     "sharing/cow.py", "sharing/sequence.py", "sharing/sampling.py", "sharing/prefix_cache.py",
-    "serving/swap.py", "serving/memory_policy.py", "serving/scheduler.py",
+    "serving/swap.py", "serving/memory_policy.py", "serving/queues.py", "serving/scheduler.py",
 )
 #: Where the last core module's "Read next" points.
 READ_AFTER_CORE = "sim/simulator.py"
