@@ -1,22 +1,16 @@
 """Block tables and slot mapping: the paged block manager (allocate / append_slot / free).
 
-What this teaches: how a sequence's tokens are mapped onto physical blocks. Token position p of
-a sequence lives in *logical block* p // BS at *offset* p % BS; the sequence's *block table* maps
-logical block i to a *physical block* (any free one), and the cache slot that holds the token's
-K/V is ``slot = block_table[p // BS] * BS + p % BS`` (the *slot mapping* that
-``cache_ops.reshape_and_cache`` scatters into). Blocks are taken one at a time, only when the
-last one is full, so a sequence never holds more than BS - 1 unused slots: that bound is the
-whole memory win of paging (vLLM section 4.2, 4.3; the paper measured ~96% of the cache holding
-token states against 20-38% for contiguous reservations).
+What this teaches: how a sequence's tokens map onto physical blocks. Position p lives in
+*logical block* p // BS at offset p % BS; the *block table* maps logical block i to any free
+physical block, and the token's K/V go to ``slot = block_table[p // BS] * BS + p % BS`` (the
+*slot mapping* ``cache_ops.reshape_and_cache`` scatters into). A block is taken only when the last
+one is full, so a sequence never holds more than BS - 1 unused slots: the memory win of paging
+(vLLM sections 4.2-4.3). Nothing is shared here; ``sharing/cow.py``, ``sharing/prefix_cache.py``
+and ``serving/swap.py`` (the complete ``minipaged.KVCacheManager``) subclass it.
 
-This manager shares nothing: every block belongs to one sequence. The later stages subclass it:
-``sharing/cow.py`` (fork, copy-on-write), ``sharing/prefix_cache.py`` (prefix caching) and
-``serving/swap.py`` (preemption), which is the complete ``minipaged.KVCacheManager``.
-
-Invariants (``check_invariants`` asserts them; tests/test_kv_cache_stateful.py after every step):
+Invariants (``check_invariants``; tests/test_kv_cache_stateful.py after every step):
     1. a live sequence of L tokens has exactly ceil(L / BS) entries in its block table;
-    2. a block's reference count equals the number of table entries pointing at it; here, with
-       no sharing, that is 1 for a block in a table and 0 for a free one;
+    2. a block's reference count equals the table entries pointing at it (here 1 or 0);
     3. free blocks + blocks in use = NB, and freeing every sequence returns the pool to full;
     4. a call that raises (a bad argument, OutOfBlocksError) has changed nothing.
 
@@ -37,9 +31,8 @@ SeqId = Hashable
 
 
 class BlockManager:
-    """Which physical blocks hold which sequence's tokens. Block ids only: the K/V arrays belong
-    to the caller (``cache_ops`` writes them), as in vLLM, whose block manager runs beside the
-    scheduler while the workers own the cache tensors."""
+    """Which physical blocks hold which sequence's tokens. Block ids only: the caller owns the
+    K/V arrays, as vLLM's workers own the cache tensors its block manager describes."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = check_int("block_size", block_size, low=1)
@@ -47,7 +40,6 @@ class BlockManager:
         self._tables: dict[SeqId, list[int]] = {}  # seq -> physical block of each logical block
         self._tokens: dict[SeqId, list[int]] = {}  # seq -> its token ids so far
 
-    # ---- queries ---------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
@@ -121,9 +113,8 @@ class BlockManager:
 
     # ---- allocate / append / free ----------------------------------------------------------
     def allocate(self, seq_id: SeqId, token_ids: Iterable[int]) -> int:
-        """Blocks for a new sequence's prompt. Returns how many prompt tokens already have K/V
-        in the cache: always 0 here (prefix caching, later, returns its hits). The caller
-        computes and writes K/V for positions [returned, len). All or nothing."""
+        """Blocks for a new prompt, all or nothing. Returns how many prompt tokens already have
+        K/V (0 here; prefix caching returns its hits): the caller computes the rest."""
         seq_id = self._check_new("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
         need = cdiv(len(tokens), self.block_size)
@@ -136,7 +127,7 @@ class BlockManager:
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> int:
         """The cache slot for one new token at position ``seq_len``; a new block only when the
-        last one is full. On any error nothing has changed (the token is not appended)."""
+        last one is full. On any error nothing has changed."""
         table = self._table(seq_id)
         token_id = check_int("token_id", token_id, low=0)
         tokens = self._tokens[seq_id]
@@ -149,8 +140,7 @@ class BlockManager:
         return table[-1] * self.block_size + offset
 
     def _before_write(self, table: list[int]) -> None:
-        """A token is about to go into the table's partly filled last block. Nothing to do
-        here, where no block is shared; ``sharing/cow.py`` copies a shared one first."""
+        """A token goes into the partly filled last block (``sharing/cow.py`` copies if shared)."""
 
     def free(self, seq_id: SeqId) -> None:
         """Release a sequence (finished or aborted): every block of it loses one user."""
@@ -159,18 +149,15 @@ class BlockManager:
         self._release(table)
 
     def _release(self, table: list[int]) -> None:
-        # Tail first: which order the blocks come back in matters once freed blocks keep their
-        # contents for later hits (``sharing/prefix_cache.py``: the tail is evicted first).
+        # Tail first: with prefix caching (``sharing/prefix_cache.py``) the tail is evicted first.
         self.allocator.free_many(reversed(table))
 
     # ---- accounting ------------------------------------------------------------------------
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
         length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
-        *last* block can be partly filled, at the same fill in every table holding it (a forked
-        block is copied before it is written; prefix caching shares full blocks only), so the
-        table blocks hold BS token states each minus the empty slots of the distinct last
-        blocks. A shared block counts once, as in the oracle ``usage_slow``."""
+        last block can be partly filled, at one fill in every table holding it, so the blocks in
+        tables hold BS tokens each minus the empty slots of the distinct last blocks."""
         bs = self.block_size
         partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
         for s, table in self._tables.items():
@@ -184,7 +171,7 @@ class BlockManager:
         return self._usage(token, sum(w - f for f, w in partial.values()))
 
     def usage_slow(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
-        """Oracle for ``usage``: the definition, block by block over every table entry."""
+        """Oracle for ``usage``: the definition, block by block (a shared block counts once)."""
         bs, filled, wanted = self.block_size, {}, {}  # block -> most filled / most wanted
         for s, table in self._tables.items():
             n = len(self._tokens[s])
