@@ -150,7 +150,9 @@ def check_block_tables(block_tables: object, seq_lens: object, S: int, NB: int, 
     return bt, lens
 
 
-def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: str) -> int:
+def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int | None,
+                rows_name: str) -> int:
+    """query [rows, H, D] against key_cache [NB, Hkv, BS, D] (rows None: any); returns G."""
     if not isinstance(query, np.ndarray):
         raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
     if query.ndim != 3:
@@ -165,7 +167,7 @@ def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: 
     if query.shape[1] < 1 or query.shape[1] % Hkv:
         raise ValueError(f"H={query.shape[1]} query heads is not a multiple of Hkv={Hkv} KV "
                          "heads (key_cache.shape[1])")
-    if query.shape[0] != rows:
+    if rows is not None and query.shape[0] != rows:
         raise ValueError(f"query.shape[0]={query.shape[0]}; expected {rows_name}={rows}")
     return query.shape[1] // Hkv
 

@@ -1,38 +1,29 @@
 """Paged attention: attention that reads K and V through block tables (vLLM paper, section 4.1).
 
-What this teaches: a sequence's KV cache no longer sits in one contiguous array; it is split
-into logical blocks of BS tokens, and ``block_tables[s, i]`` says which physical block of the
-shared pool ``key_cache, value_cache [NB, Hkv, BS, D]`` holds logical block i of sequence s.
-Token position p of sequence s lives in physical block ``block_tables[s, p // BS]`` at slot
-``p % BS``. Attention is unchanged; only the addressing is. Two ways to run it:
+What this teaches: a sequence's K/V no longer sit in one array; ``block_tables[s, i]`` says which
+physical block of the pool ``key_cache, value_cache [NB, Hkv, BS, D]`` holds logical block i of
+sequence s, so position p is in block ``block_tables[s, p // BS]`` at slot ``p % BS``. Attention
+is unchanged; only the addressing is. Two ways to run it:
 
-    method="gather"  fetch each sequence's logical K/V [Hkv, Tk, D] through its table, then run
-                     the dense oracle's kernel on it. Bit for bit equal to
-                     ``dense_attention(q, *gather_kv(...))``. Simple; costs one copy of K/V.
-    method="online"  never materialise the whole K/V: walk the block table block by block with
-                     the online softmax, as vLLM's CUDA kernel does (one block = one tile).
-                     Bit for bit equal to ``dense_attention(..., tile=BS)``, and within rounding
-                     of the plain oracle.
+    method="gather"  fetch each sequence's K/V [Hkv, Tk, D] through its table, then run the
+                     oracle's kernel: bit for bit ``dense_attention(q, *gather_kv(...))``.
+    method="online"  walk the table block by block with the online softmax, never holding the
+                     whole K/V, as vLLM's CUDA kernel does: bit for bit
+                     ``dense_attention(..., tile=BS)``, within rounding of the plain oracle.
 
 ``paged_attention`` is decode (one new query per sequence); ``paged_prefill_attention`` takes
-several new tokens per sequence (a prompt, a chunk of one, or the rest of a prompt after a
-prefix-cache hit), causal over the cached prefix plus the new tokens.
+several new tokens per sequence (a prompt, a chunk of one, the rest after a prefix-cache hit).
 
-Invariants (checked before any arithmetic, tested in tests/test_paged_attention*.py):
-* only the first ceil(seq_lens[s] / BS) entries of row s of block_tables are ever read; later
-  entries are padding (-1 by convention, but any value is ignored);
-* free blocks and the slots of a last block beyond seq_lens[s] may hold anything (NaN
-  included) without changing any output: they are never used in arithmetic;
+Invariants (checked before any arithmetic; tests/test_paged_attention*.py):
+* only the first ceil(seq_lens[s] / BS) entries of row s are read; the rest is padding;
+* free blocks and a last block's slots past seq_lens[s] may hold anything, NaN included, without
+  changing any output;
 * moving physical blocks and rewriting the tables to match leaves every output bit-identical.
 
-Why bit-for-bit is possible at all: both methods call the oracle's kernels (``attention.py``)
-with the same per-head shapes as the oracle, so every GEMM, exp and row sum sees the same
-numbers in the same order. That is also why the gather path loops over sequences: each has
-its own Tk, and padding sequences to a common length would change the row sums' shape (NumPy
-sums pairwise, so the order depends on the length) and with it the last bits. Within a
-sequence it is vectorised across heads; the online decode path is vectorised across sequences
-(every sequence's tile is exactly BS keys, so all of them share one shape). No loop runs per
-token anywhere.
+Bit for bit works because both methods call ``attention.py``'s kernels with the oracle's per-head
+shapes. That is also why the gather path loops over sequences: padding them to one length would
+change the shape of the row sums (NumPy sums pairwise) and with it the last bits. The online
+decode path is vectorised across sequences (every tile is exactly BS keys); no loop runs per token.
 
 Read before: ``attention.py``, ``paged/block_manager.py``, ``paged/cache_ops.py``. Read next:
 ``sharing/cow.py`` (stage 4: sharing blocks). The CUDA kernel (``cuda/``, lesson 08) does the
@@ -64,8 +55,7 @@ GATHER_CHUNK_BYTES = 1 << 20
 
 
 def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
-    # Type, rank, matching shapes and dtypes: the same checks as every cache op. Attention
-    # adds what its arithmetic needs: a float dtype it supports and the one C-contiguous layout.
+    # The checks of every cache op, plus what the arithmetic needs: a float dtype, C order.
     check_caches(key_cache, value_cache)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         check_dtype(name, c.dtype)
@@ -86,11 +76,9 @@ def _check_method(method: str) -> None:
 def _gather_heads(flat: np.ndarray, blocks: np.ndarray, Hkv: int, h0: int, h1: int, L: int,
                   D: int, buf: np.ndarray, acc: np.dtype) -> np.ndarray:
     """K or V of KV heads h0..h1-1 of one sequence: [h1-h0, L, D] in the accumulation dtype.
-
-    ``flat`` is the cache viewed as [NB*Hkv, BS*D]: row b*Hkv + h is head h of physical block b,
-    one contiguous run of BS*D numbers. So the gather is a single np.take of whole rows into a
-    preallocated buffer (no per-token indexing), and the buffer read as [h, nb*BS, D] holds each
-    head's keys in logical order. Slots past L in the last block are sliced off, never used."""
+    ``flat`` is the cache as [NB*Hkv, BS*D], row b*Hkv + h = head h of block b, so the gather is
+    one np.take of whole rows into a reused buffer, which read as [h, nb*BS, D] holds each head's
+    keys in logical order. Slots past L are sliced off, never used."""
     rows = (blocks[None, :] * Hkv + np.arange(h0, h1)[:, None]).ravel()   # [h * nb]
     out = buf[:rows.size]
     np.take(flat, rows, axis=0, out=out, mode="clip")  # rows already validated; "raise" would
@@ -142,10 +130,8 @@ def _tile(cache: np.ndarray, ids: np.ndarray | int, pad: np.ndarray | None,
 
 def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: np.ndarray,
               seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """The logical K and V of one sequence, read through its block table row.
-
-    Returns k, v [Tk, Hkv, D] (Tk = seq_len), copies in the cache's dtype: exactly what a
-    contiguous cache would hold, ready for ``dense_attention``."""
+    """The logical k, v [Tk, Hkv, D] (Tk = seq_len) of one sequence, read through its block
+    table row: copies of what a contiguous cache would hold, ready for ``dense_attention``."""
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     bt, lens = check_block_tables(block_table_row, seq_len, 1, NB, BS, single_row=True)
     L = int(lens[0])
@@ -166,10 +152,8 @@ def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.nd
     "online" equals dense_attention(..., tile=BS) bit for bit."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
-    if not isinstance(query, np.ndarray) or query.ndim != 3:
-        check_query(query, key_cache, 0, "S")                      # raises the right error
+    G = check_query(query, key_cache, None, "S")
     S = query.shape[0]
-    G = check_query(query, key_cache, S, "S")
     bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     check_scale(scale)
     acc = accumulation_dtype(query.dtype)
