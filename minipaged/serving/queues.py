@@ -1,24 +1,17 @@
 """Requests in, tokens out: the queues of continuous batching and the contract of one step.
 
-What this teaches: iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper section
-2.3). Requests do not wait for a batch to finish: between any two steps a request
-can join (``add_request``) and a sequence can leave (``update``, ``finish_seq``). A request is
-a *sequence group* (``sharing/sequence.py``) that lives in exactly one queue at a time:
+What this teaches: iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper section 2.3):
+between any two steps a request can join (``add_request``) and a sequence can leave (``update``,
+``finish_seq``). A request is a *sequence group* (``sharing/sequence.py``), always in exactly one
+queue: waiting (no memory: new, or preempted by recompute), running (KV memory on the GPU),
+swapped (its blocks in the CPU pool), finished, or rejected (it could never run to its end, even
+alone: ``rejections`` says why).
 
-    waiting   arrived, holds no memory (never admitted, or preempted by recompute)
-    running   holds KV memory on the GPU; prefilling or decoding
-    swapped   preempted by swap: its blocks wait in the CPU pool
-    finished  every sequence reached its length (or was ended early by the executor)
-    rejected  refused up front: it could never run to its end, even alone (``rejections``)
-
-One step is a contract between the scheduler and an *executor* (the simulator's cost model, or
-a real model): the scheduler's plan (``SchedulerOutput``: prefill chunks, decodes, blocks to
-swap and copy), the executor's answer (``StepResult``: how long it took, the sampled tokens),
-and ``update``, which appends each sampled token, forks a sequence that sampled several
-(parallel sampling, beam search: the children share its blocks, copy-on-write) and frees the
-sequences that are done. In vLLM v0 that last part is the output processor's job
-(``vllm/engine/output_processor/single_step.py``); here it is a method, so that one class owns
-every queue. Which group runs, and who is preempted, is ``scheduler.py``'s business.
+A step is a contract with an *executor* (the simulator's cost model, or a model): the plan
+(``SchedulerOutput``), the answer (``StepResult``: the time taken, the sampled tokens), and
+``update``, which appends each token, forks a sequence that sampled several (the children share
+its blocks) and frees the finished ones: in vLLM v0 the output processor's job
+(``vllm/engine/output_processor/single_step.py``). Who runs is ``scheduler.py``'s business.
 
 Read next: ``serving/scheduler.py``.
 """
