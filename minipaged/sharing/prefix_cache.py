@@ -1,52 +1,34 @@
 """Prefix caching: full blocks found again by a hash of everything before them (vLLM v1 style).
 
-What this teaches: how vLLM v1 shares KV cache blocks *between requests*. Every full block gets
-a hash chained from its parent block's hash and its own token ids::
+What this teaches: how vLLM v1 shares KV blocks *between requests* (paper section 4.4, shared
+prefix). Every full block gets a hash chained from its parent's: ``h_i = hash_fn(h_{i-1},
+tokens[i*BS:(i+1)*BS])`` with ``h_{-1} = ROOT_HASH``, so equal hashes stand for the same *whole
+prefix* (a token's K/V depend on every token before it). A table maps hash -> block. A prompt
+reuses the longest run of cached blocks from its start, at most (n - 1) // BS: the last prompt
+token is always recomputed for its logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks).
+Only full blocks are cached (at ``allocate``, or when ``append_slot`` fills one).
 
-    h_0 = hash_fn(ROOT_HASH, tokens[0:BS]);  h_i = hash_fn(h_{i-1}, tokens[i*BS:(i+1)*BS])
+Freed blocks keep their K/V and hash. ONE free queue (a ``collections.OrderedDict``) holds every
+free block in eviction order, as vLLM's FreeKVCacheBlockQueue (vllm/v1/core/kv_cache_utils.py):
+``allocate`` pops the head and only then evicts its hash, if any (block_pool.py
+get_new_blocks); ``free`` puts a block with a hash at the tail (LRU) and one without at the head
+(block_pool.py free_blocks, vLLM 0.32; earlier v1 releases appended both to the tail), tail
+blocks of a table first; a hit takes a free block out of the middle (block_pool.py touch).
 
-so equal hashes stand for the same *whole prefix*, not only the same BS tokens (K/V of a token
-depend on every token before it). A table maps hash -> block. A new prompt reuses the longest
-run of cached blocks from its start, at most (n - 1) // BS of them: the last prompt token is
-always recomputed, since the model needs its logits to sample the first new token
-(vllm/v1/core/kv_cache_manager.py get_computed_blocks: ``num_tokens - 1``). Only full blocks are
-cached (those a prompt fills at ``allocate``, the last one when ``append_slot`` fills it), and a
-full block is never written again.
+A hit also compares the cached block's token ids, as nano-vllm does (nanovllm/engine/
+block_manager.py); vLLM trusts a strong hash alone (block_pool.py get_cached_block; sha256 by
+default, vllm/config/cache.py). ``hash_fn`` is pluggable (default: Python's 64-bit tuple hash), so
+here a weak hash costs hits instead of serving another block's K/V; colliding chains followed by
+equal tokens still match, a risk both accept. A block filled under a hash already cached is
+cached too (block_pool.py BlockHashToBlockMap: "we don't de-duplicate"); lookups take the oldest.
+Fork and copy-on-write work here too, as in vLLM v0: full blocks are shared by hash, the partial
+one by reference count, and a copied block gets its hash once full. Read next: ``serving/swap.py``.
 
-Freed blocks keep their K/V and hash. ONE free queue holds every free block in eviction order
-(vLLM's FreeKVCacheBlockQueue, vllm/v1/core/kv_cache_utils.py), 0..NB-1 at first:
-    allocate  pops the head; a popped block that carries a hash is evicted only now (its hash
-              dropped): eviction happens when a block is needed (block_pool.py get_new_blocks);
-    free      puts a block with a hash at the tail (least recently used first) and one without
-              at the head, since no prompt can hit it (block_pool.py free_blocks, vLLM 0.32;
-              earlier v1 releases appended both to the tail). A table is freed tail first, so
-              its tail blocks, the least likely to be shared, are evicted before its head;
-    hit       takes a free cached block out of the middle of the queue (block_pool.py touch).
-The queue is a ``collections.OrderedDict``: O(1) at both ends and in the middle.
-
-Hash only, or hash and tokens? vLLM finds a block by its hash alone (block_pool.py
-get_cached_block) and relies on a strong hash, sha256 by default (vllm/config/cache.py
-prefix_caching_hash_algo). nano-vllm also compares the cached block's token ids
-(nanovllm/engine/block_manager.py), and so does minipaged: one tuple comparison per hit, and as
-``hash_fn`` is pluggable (the default is Python's 64-bit, non-cryptographic tuple hash), a weak
-hash then costs hits instead of serving another block's K/V. It is no proof: two prefixes whose
-chain hashes collide, followed by equal tokens, still match; both systems accept that risk.
-
-Duplicates: a block that becomes full under a hash already cached (the same prefix computed
-twice: a prompt recomputing its last full block, two requests decoding the same tokens) is
-cached too, as in vLLM (block_pool.py BlockHashToBlockMap: "we don't de-duplicate"): tables stay
-append-only, and the copy still hits once the first is evicted. Lookups return the earliest.
-
-Fork and copy-on-write (``sharing/cow.py``) work here too, as vLLM v0's prefix-caching block
-manager allowed: full blocks are shared by hash and reference count, the partial last block by
-reference count with copy-on-write, and a copied block gets its hash when it becomes full.
-Paper: section 4.4 (shared prefix). Read next: ``serving/swap.py``.
-
-Invariants (``check_invariants``; the stateful tests run them with fork and copy-on-write):
-    1. the free queue holds every free block once: first those without a hash, then those with
-       one, least recently used first; so allocation evicts only when nothing else is free;
-    2. the table maps each hash to the blocks that carry it; a block carries at most one hash
-       and the token ids it was cached with;
+Invariants (``check_invariants``; the stateful tests, with fork and copy-on-write):
+    1. the free queue holds every free block once, first those without a hash, then those with
+       one, least recently used first: allocation evicts only when nothing else is free;
+    2. the table maps each hash to the blocks carrying it, each with the token ids it was cached
+       with; a block carries at most one hash;
     3. every full block of a live table carries the chain hash of its position in that table.
 """
 
@@ -72,7 +54,7 @@ def default_block_hash(parent_hash: Hashable, token_ids: tuple[int, ...]) -> int
 
 class PrefixCachingBlockAllocator(BlockAllocator):
     """A ``BlockAllocator`` whose free blocks wait in one eviction-order queue, keeping their
-    hash and K/V until the block is handed out again."""
+    hash and K/V until handed out again."""
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
@@ -121,8 +103,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self._ref[b] += 1
 
     def cache_block(self, block: int, block_hash: Hashable, token_ids: Iterable[int]) -> None:
-        """Record that ``block`` (in use, full, not cached yet) holds ``token_ids`` after the
-        prefix that ``block_hash`` stands for."""
+        """Record that ``block`` (in use, full, not cached) holds ``token_ids`` after the prefix
+        ``block_hash`` stands for."""
         b = self._check_block(block)
         if self._ref[b] == 0 or self._hash[b] is not None:
             raise ValueError(f"block={b} must be in use and not cached yet to be cached "
@@ -171,9 +153,8 @@ class PrefixCachingBlockManager(CowBlockManager):
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  hash_fn: HashFn | None = None) -> None:
         super().__init__(num_blocks, block_size)
-        if hash_fn is not None:
-            check_callable("hash_fn", hash_fn)
-        self.hash_fn: HashFn = hash_fn or default_block_hash
+        self.hash_fn: HashFn = default_block_hash if hash_fn is None else check_callable(
+            "hash_fn", hash_fn)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
@@ -188,8 +169,8 @@ class PrefixCachingBlockManager(CowBlockManager):
         return h
 
     def _plan(self, tokens: list[int]) -> tuple[list[Hashable], list[int]]:
-        """The chain hash of every full block of ``tokens``, and the cached blocks of the
-        longest run of hits from the start (at most (n - 1) // BS). Changes nothing."""
+        """The chain hash of every full block of ``tokens``, and the longest run of hits from
+        the start (at most (n - 1) // BS). Changes nothing."""
         bs = self.block_size
         max_hits = (len(tokens) - 1) // bs  # the last prompt token is always recomputed
         hashes, hits, parent = [], [], ROOT_HASH
@@ -204,23 +185,22 @@ class PrefixCachingBlockManager(CowBlockManager):
         return hashes, hits
 
     def _taken(self, hits: list[int], num_tokens: int) -> tuple[int, int]:
-        """(new blocks, free blocks) that allocating with these hits takes: a hit that sits in
-        the free queue is counted free but is ours to take, not spare."""
+        """(new blocks, free hits) that allocating with these hits takes: a hit in the free queue
+        counts as free but is ours to take, not spare."""
         free_hits = len({b for b in hits if self.allocator.ref_count(b) == 0})
         return cdiv(num_tokens, self.block_size) - len(hits), free_hits
 
     def blocks_to_allocate(self, token_ids: Iterable[int]) -> int:
-        """Free blocks ``allocate(token_ids)`` would take now (new ones and free cached hits):
-        it succeeds exactly when this is at most ``num_free_blocks``. Changes nothing."""
+        """Free blocks ``allocate(token_ids)`` would take now (new ones and free hits): it
+        succeeds exactly when this is at most ``num_free_blocks``."""
         tokens = check_token_ids("token_ids", token_ids)
         if not self.enable_prefix_caching:
             return cdiv(len(tokens), self.block_size)
         return sum(self._taken(self._plan(tokens)[1], len(tokens)))
 
     def allocate(self, seq_id: SeqId, token_ids: Iterable[int]) -> int:
-        """Blocks for a prompt; returns how many prompt tokens already have K/V (the hits, a
-        multiple of BS). All or nothing: a hash_fn that raises, like OutOfBlocksError, leaves
-        every block, hash and queue position as it was."""
+        """Blocks for a prompt; returns the prompt tokens that already have K/V (the hits, a
+        multiple of BS). All or nothing, also when hash_fn raises."""
         if not self.enable_prefix_caching:
             return super().allocate(seq_id, token_ids)
         seq_id = self._check_new("seq_id", seq_id)
@@ -240,8 +220,8 @@ class PrefixCachingBlockManager(CowBlockManager):
         return len(hits) * self.block_size
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> int:
-        """As ``CowBlockManager.append_slot``; a block this token fills is hashed and cached.
-        The hash is computed first, so a hash_fn that raises changes nothing."""
+        """As ``CowBlockManager.append_slot``; a block this token fills is hashed (first, so a
+        hash_fn that raises changes nothing) and cached."""
         if not self.enable_prefix_caching:
             return super().append_slot(seq_id, token_id)
         self._table(seq_id)
@@ -267,8 +247,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         self._hashes.pop(seq_id, None)
 
     def _cache_full_blocks(self, seq_id: SeqId) -> None:
-        """Cache every full block of the sequence's table that carries no hash yet (a new
-        prompt's blocks; a swapped-in sequence's, in ``serving/swap.py``)."""
+        """Cache every full block of the table that has no hash yet (a new or swapped-in one)."""
         if not self.enable_prefix_caching:
             return
         bs, tokens = self.block_size, self._tokens[seq_id]
