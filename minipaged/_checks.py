@@ -1,10 +1,9 @@
 """Argument checks shared by every stage: one line at each call site, one message style.
 
-Not a lesson: it keeps the algorithm files about their algorithms. A check raises before anything
-changes, naming the argument, the value and what was expected (``block_size=0 is out of range:
-expected >= 1``). Integers may be Python or NumPy ints, never bools or floats (``int(2.7)`` would
-silently be 2); ranges are half-open, ``[low, high)``. ``OutOfBlocksError`` is the one error every
-stage raises when KV memory runs out, so a scheduler catches one type.
+A check raises before anything changes, naming the argument, the value and what was expected
+(``block_size=0 is out of range: expected >= 1``). Integers may be Python or NumPy ints, never
+bools or floats; ranges are half-open, ``[low, high)``. ``OutOfBlocksError`` is the one error
+every stage raises when KV memory runs out, so a scheduler catches one type.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Dense attention: the oracle every paged path in this project is checked against.
 
-What this teaches: scaled dot-product attention as a decoder runs it, with the three details that
-matter once K and V live in a cache (lesson 01):
+What this teaches (lesson 01): scaled dot-product attention as a decoder runs it. Causal with an
+offset: the T new queries are the last T of Tk positions, so query t sees keys ``0 .. Tk - T + t``
+(prefill T == Tk, decode T == 1). Grouped-query attention: query head h reads KV head
+``h // (H // Hkv)``. The online softmax (``tile=n``): tiles of n keys, a running max m and sum l,
+rescaled by ``exp(m_old - m_new)`` when the max grows, as FlashAttention and vLLM's paged kernel
+do. float16 accumulates in float32 and is rounded once at the end; float32/64 in themselves.
 
-* **causal with an offset**: the T new queries are the *last* T of Tk positions, so query t sees
-  keys ``0 .. Tk - T + t`` (prefill: T == Tk; decode: T == 1; a prefill chunk or a prefix-cache
-  hit: anything in between);
-* **grouped-query attention** (GQA; MQA is Hkv == 1): query head h reads KV head
-  ``h // (H // Hkv)``, so the cache stores only Hkv heads per token;
-* **the online softmax** (``tile=n``): the same attention over tiles of n keys with a running max
-  m and sum l, rescaling by ``exp(m_old - m_new)`` when the max grows. FlashAttention and vLLM's
-  paged kernel work this way, one tile (one block) of scores at a time.
-
-float16 is upcast once and accumulates in float32 (rounded to float16 once at the end, as GPU
-kernels do); float32 and float64 compute in themselves.
-
-Why three small kernels over head-major arrays (``_to_heads``, ``plain_softmax``,
-``online_softmax``): floating-point sums depend on their order, and NumPy's order on the shapes.
-``paged_attention.py`` calls the *same* kernels, with the same per-head shapes, on K/V fetched
-through a block table, so it equals this oracle bit for bit: only where K and V come from changes,
-which is the whole claim of PagedAttention (vLLM paper, section 4.1).
+Floating-point sums depend on their order, and NumPy's order on the shapes, so the oracle is three
+small kernels over head-major arrays (``_to_heads``, ``plain_softmax``, ``online_softmax``) that
+``paged_attention.py`` calls with the same per-head shapes: it equals this oracle bit for bit, and
+only where K and V come from changes (vLLM paper, section 4.1).
 
 Read before: nothing (start here). Read next: ``contiguous/usage.py`` (stage 2, lesson 02).
 """

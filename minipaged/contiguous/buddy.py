@@ -1,30 +1,22 @@
 """A power-of-two buddy allocator over KV cache slots: where contiguous reservations get placed.
 
-What this teaches: why a cache that gives every request ONE contiguous region wastes memory even
-when it reserves exactly what each request needs. The vLLM paper's Orca baselines (section 3,
-Fig. 2) place their reservations with a buddy allocator; the free memory it leaves between live
-regions is the paper's *external fragmentation*. Read next: ``contiguous/cache.py``, which
-stores real K/V in regions handed out by this allocator and reports the four categories.
+What this teaches: why one contiguous region per request wastes memory even when each region is
+exactly what its request needs. The paper's Orca baselines (section 3, Fig. 2) place reservations
+with a buddy allocator; the free memory it strands between live regions is *external
+fragmentation*. Read next: ``contiguous/cache.py``, which stores K/V in these regions.
 
-The buddy system. The arena is cut into blocks whose size is a power of two and whose offset is
-a multiple of that size. A block of order k (2**k slots) at ``off`` has one *buddy*, the block at
-``off ^ 2**k``: together they form the order-(k+1) block they were split from. ``alloc(size)``
-takes the smallest free block of order ``ceil(log2(size))`` or more and halves it down to that
-order; ``free`` merges a block with its buddy again and again while the buddy is free. Both touch
-at most one block per order: O(log num_slots). A bit mask of the orders that have a free block
-finds "the smallest free order >= k" without a loop.
+Blocks are 2**k slots at offsets that are multiples of 2**k; the block at ``off`` has one
+*buddy* at ``off ^ 2**k``, the other half of the block of order k+1. ``alloc`` halves the
+smallest free block that fits; ``free`` merges a block with its buddy while the buddy is free:
+O(log num_slots) each, with a bit mask of the orders that have a free block. ``alloc(100)`` holds
+128 slots; ``exact=True`` gives the 28-slot tail back (as Linux's ``alloc_pages_exact``).
 
-Rounding. ``alloc(100)`` holds 128 slots; ``alloc(100, exact=True)`` gives the unused 28-slot
-tail straight back (as Linux's ``alloc_pages_exact``). ``held(offset)`` says what a region
-really holds; ``contiguous/cache.py`` reports the difference as internal fragmentation.
-
-Invariants (``check_invariants``; tests/test_buddy.py asserts them after every step):
-  1. every slot is inside exactly one live allocation or one free block, so
-     ``num_free + sum(held) == num_slots``;
+Invariants (``check_invariants``; tests/test_buddy.py after every step):
+  1. every slot is in exactly one live allocation or one free block;
   2. a free block of order k is aligned (offset % 2**k == 0) and inside the arena;
-  3. free blocks are fully merged: no free block has its buddy free at the same order;
-  4. so freeing everything gives back the starting blocks, the binary decomposition of
-     ``num_slots`` (12 slots = 8 + 4: the 4's buddy would lie past the end, so it never merges).
+  3. free blocks are fully merged: no free block's buddy is free at the same order;
+  4. so freeing everything gives back the binary decomposition of ``num_slots`` (12 = 8 + 4:
+     the 4's buddy would lie past the end, so it never merges).
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Where the KV cache memory goes: the four categories of the vLLM paper's Figure 2.
 
-Lessons 02 (contiguous cache) and 03 (paged cache) both report memory in these terms, so they
-compare slot for slot. Every slot (one token's K and V, one layer) is in exactly one category:
+Lessons 02 and 03 report memory in these terms, so a contiguous and a paged cache compare slot
+for slot. Every slot (one token's K and V, one layer) is in exactly one category:
 
     token                   holds the K/V of a token that exists now
     reserved                set aside for a token the request will produce later
-    internal_fragmentation  set aside for the request, but it finishes before using it
-    external_fragmentation  free but outside the largest free region, so no contiguous
-                            reservation can use it (always 0 when paged: any block serves anyone)
+    internal_fragmentation  set aside for the request, which finishes before using it
+    external_fragmentation  free but unusable for a contiguous reservation (0 when paged)
     free                    free and usable
 
-The paper (section 3, Fig. 2, OPT-13B on ShareGPT) measured 20.4% to 38.2% of the KV cache holding
-token states in systems that reserve contiguous memory; vLLM reached about 96%.
-Read next: ``contiguous/buddy.py``.
+The paper (section 3, Fig. 2) measured 20.4-38.2% of the cache holding token states in systems
+that reserve contiguously; vLLM about 96%. Read next: ``contiguous/buddy.py``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Physical blocks, a free list and a reference count per block.
 
-What this teaches: the bottom layer of a paged KV cache. K/V memory is cut into ``num_blocks``
-equal *physical blocks* of ``block_size`` token slots (the layout is in ``cache_ops.py``). This
-allocator knows no tokens or sequences: it hands out block ids, takes them back, and counts each
-block's users, the count that makes sharing possible later (``sharing/cow.py``,
-``sharing/prefix_cache.py``). Paper: vLLM section 4.2 ("a free block pool") and 4.4 (reference
-counts). Read next: ``paged/block_manager.py``.
+What this teaches: the bottom layer of a paged KV cache (lesson 03). It knows no tokens or
+sequences: it hands out block ids, takes them back and counts each block's users, the count that
+sharing needs later (``sharing/cow.py``). Paper: vLLM sections 4.2 (the free block pool) and 4.4
+(reference counts). Read next: ``paged/block_manager.py``.
 
-Invariants (``check_invariants``; tests/test_block_allocator.py after every step): every block is
-either free (count 0, in the free list exactly once) or in use (count >= 1, not in the list), so
-``num_free_blocks + blocks in use == num_blocks``; a call that raises has changed nothing.
-
-There is no cap on a reference count. (A popular interview answer claims vLLM caps sharing at 16;
-neither the paper nor the code does: v0's RefCounter only asserts a count never drops below 0.
-16 is vLLM's default *block size*.)
+Invariants (``check_invariants``; tests/test_block_allocator.py after every step): a block is
+free (count 0, in the free list once) or in use (count >= 1, not in the list), so free + in use
+== ``num_blocks``; a call that raises has changed nothing. No count is capped: the claim that
+vLLM caps sharing at 16 is wrong (v0's RefCounter only asserts counts >= 0; 16 is the default
+*block size*).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Block tables and slot mapping: the paged block manager (allocate / append_slot / free).
 
-What this teaches: how a sequence's tokens map onto physical blocks. Position p lives in
-*logical block* p // BS at offset p % BS; the *block table* maps logical block i to any free
-physical block, and the token's K/V go to ``slot = block_table[p // BS] * BS + p % BS`` (the
-*slot mapping* ``cache_ops.reshape_and_cache`` scatters into). A block is taken only when the last
-one is full, so a sequence never holds more than BS - 1 unused slots: the memory win of paging
-(vLLM sections 4.2-4.3). Nothing is shared here; ``sharing/cow.py``, ``sharing/prefix_cache.py``
-and ``serving/swap.py`` (the complete ``minipaged.KVCacheManager``) subclass it.
+What this teaches (lesson 03; vLLM sections 4.2-4.3): token position p lives in logical block
+p // BS at offset p % BS; the *block table* maps logical blocks to any physical blocks, and the
+token's K/V go to slot ``block_table[p // BS] * BS + p % BS`` (the *slot mapping* that
+``cache_ops.reshape_and_cache`` uses). A block is taken only when the last one is full, so a
+sequence never holds more than BS - 1 unused slots. Nothing is shared yet: ``sharing/cow.py``,
+``sharing/prefix_cache.py`` and ``serving/swap.py`` (``minipaged.KVCacheManager``) subclass it.
 
 Invariants (``check_invariants``; tests/test_kv_cache_stateful.py after every step):
     1. a live sequence of L tokens has exactly ceil(L / BS) entries in its block table;

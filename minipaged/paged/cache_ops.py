@@ -1,16 +1,13 @@
 """Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
 
-What this teaches: the data side of the paged KV cache (``block_manager.py`` is the bookkeeping).
-The cache is ``key_cache, value_cache: [NB, Hkv, BS, D]``, C-contiguous, one layout for NumPy and
-CUDA alike. The block comes first because it is the unit of allocation, copy and swap: one block
-is one contiguous chunk, one memcpy. Heads come before tokens so that the decode kernel, one
-thread block per (sequence, head), reads a [BS, D] tile contiguously. (vLLM also splits the key
-cache's D into 16-byte vectors, [NB, Hkv, D/x, BS, x]; the CUDA lesson says why we do not.)
-
-    reshape_and_cache  scatter each new token's K/V [T, Hkv, D] to its slot
-                       (slot = physical_block * BS + offset; a negative slot is padding)
-    copy_blocks        many copy-on-write (src, dst) block pairs in one call (vLLM section 4.4)
-    swap_blocks        block copies between two pools, e.g. GPU <-> CPU (section 4.5)
+What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books). Its
+one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous. The
+block comes first because it is the unit of allocation, copy and swap (one block, one memcpy);
+heads before tokens so that a decode thread block, one per (sequence, head), reads a contiguous
+[BS, D] tile. (vLLM splits the key cache's D into 16-byte vectors; the CUDA lesson says why not.)
+``reshape_and_cache`` scatters new tokens' K/V to their slots (a negative slot is padding);
+``copy_blocks`` does a step's copy-on-write copies (vLLM section 4.4); ``swap_blocks`` copies
+blocks between pools, GPU <-> CPU (section 4.5).
 
 Read before: ``paged/block_manager.py``. Read next: ``paged/paged_attention.py``.
 """

@@ -1,29 +1,22 @@
 """Paged attention: attention that reads K and V through block tables (vLLM paper, section 4.1).
 
-What this teaches: a sequence's K/V no longer sit in one array; ``block_tables[s, i]`` says which
-physical block of the pool ``key_cache, value_cache [NB, Hkv, BS, D]`` holds logical block i of
-sequence s, so position p is in block ``block_tables[s, p // BS]`` at slot ``p % BS``. Attention
-is unchanged; only the addressing is. Two ways to run it:
+What this teaches (lesson 03): position p of sequence s lives in physical block
+``block_tables[s, p // BS]`` of the pool ``key_cache, value_cache [NB, Hkv, BS, D]``, at slot
+``p % BS``. Attention is unchanged; only the addressing is. ``method="gather"`` fetches each
+sequence's K/V through its table and runs the oracle's kernel: bit for bit
+``dense_attention(q, *gather_kv(...))``. ``method="online"`` walks the table one block at a time
+with the online softmax, as vLLM's CUDA kernel does: bit for bit ``dense_attention(..., tile=BS)``.
+``paged_attention`` is decode (one query per sequence); ``paged_prefill_attention`` takes several
+new tokens per sequence (a prompt, a chunk, the rest after a prefix-cache hit).
 
-    method="gather"  fetch each sequence's K/V [Hkv, Tk, D] through its table, then run the
-                     oracle's kernel: bit for bit ``dense_attention(q, *gather_kv(...))``.
-    method="online"  walk the table block by block with the online softmax, never holding the
-                     whole K/V, as vLLM's CUDA kernel does: bit for bit
-                     ``dense_attention(..., tile=BS)``, within rounding of the plain oracle.
+Invariants (checked before any arithmetic; tests/test_paged_attention*.py): only the first
+ceil(seq_lens[s] / BS) entries of row s are read; free blocks and slots past seq_lens[s] may hold
+anything, NaN included, without changing an output; moving blocks and rewriting the tables to
+match leaves every output bit-identical.
 
-``paged_attention`` is decode (one new query per sequence); ``paged_prefill_attention`` takes
-several new tokens per sequence (a prompt, a chunk of one, the rest after a prefix-cache hit).
-
-Invariants (checked before any arithmetic; tests/test_paged_attention*.py):
-* only the first ceil(seq_lens[s] / BS) entries of row s are read; the rest is padding;
-* free blocks and a last block's slots past seq_lens[s] may hold anything, NaN included, without
-  changing any output;
-* moving physical blocks and rewriting the tables to match leaves every output bit-identical.
-
-Bit for bit works because both methods call ``attention.py``'s kernels with the oracle's per-head
-shapes. That is also why the gather path loops over sequences: padding them to one length would
-change the shape of the row sums (NumPy sums pairwise) and with it the last bits. The online
-decode path is vectorised across sequences (every tile is exactly BS keys); no loop runs per token.
+Bit-for-bit needs the oracle's per-head shapes, so the gather path loops over sequences (padding
+them to one length would change the row sums); the online decode path is vectorised across
+sequences, since every tile is exactly BS keys. No loop runs per token.
 
 Read before: ``attention.py``, ``paged/block_manager.py``, ``paged/cache_ops.py``. Read next:
 ``sharing/cow.py`` (stage 4: sharing blocks). The CUDA kernel (``cuda/``, lesson 08) does the

@@ -1,31 +1,26 @@
 """What the scheduler needs from a KV cache, and adapters for the paged and contiguous caches.
 
-What this teaches: the scheduler decides *who* runs; a memory policy decides *whether there is
-room*. Keeping the two apart lets one scheduler compare vLLM's paged cache with the Orca
-baselines slot for slot (paper section 6.1): same requests, same FCFS order, same preemption
-rules; only the memory differs.
+What this teaches (lesson 06): the scheduler decides *who* runs, a memory policy *whether there is
+room*, so one scheduler compares vLLM's paged cache with the Orca baselines (paper section 6.1):
+same requests, same order, same preemption rules; only the memory differs.
 
 Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 
-The interface (``MemoryPolicy``), in vLLM's words:
+The interface (``MemoryPolicy``):
 
-    refusal(width, final_len)  why a request could never run to its end, even alone in an
-                          empty cache (None: it can); such a request is refused up front
-    admit(ids, tokens, final_len)  memory for sequences about to be prefilled (a new prompt,
-                          or prompt + generated tokens after a recompute), all or nothing:
-                          the tokens already cached per sequence (prefix caching), or None
-    can_append(ids)       room for one more token in each of ``ids`` (a whole group is
-                          checked first: all or nothing); then append_slot
+    refusal(width, final_len)  why a request could never run to its end even alone (or None)
+    admit(ids, tokens, final_len)  memory for sequences about to be prefilled, all or nothing:
+                          the tokens already cached per sequence, or None
+    can_append(ids)       room for one more token in each of ``ids``; then append_slot
     fork / free           copy-on-write sharing of a parent's blocks; release a sequence
     swap_out / swap_in    preemption by swapping (paged only), block mappings returned
     usage(...)            the paper's four categories of KV memory, now
 
-``PagedPolicy`` is a thin layer over ``KVCacheManager`` plus vLLM's *watermark*: a request is
-admitted only if a few free blocks (1% by default) remain, so that running sequences can grow a
-while before anyone is preempted (vLLM v0, ``vllm/core/block_manager_v1.py``, ``watermark_blocks``).
-``ContiguousPolicy`` (the Orca baselines) reserves each request's region for its whole final
-length at admission: decoding never runs out and never preempts; the waste is paid up front. It
-keeps accounting only (``store_kv=False``) and cannot share memory between sequences.
+``PagedPolicy`` wraps ``KVCacheManager`` with vLLM's *watermark*: admit only while a few free
+blocks (1%) remain, so running sequences can grow before anyone is preempted (vLLM v0,
+``vllm/core/block_manager_v1.py``, ``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves
+each request's whole final length at admission, so it never preempts and cannot share; it keeps
+accounting only (``store_kv=False``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Requests in, tokens out: the queues of continuous batching and the contract of one step.
 
-What this teaches: iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper section 2.3):
-between any two steps a request can join (``add_request``) and a sequence can leave (``update``,
-``finish_seq``). A request is a *sequence group* (``sharing/sequence.py``), always in exactly one
-queue: waiting (no memory: new, or preempted by recompute), running (KV memory on the GPU),
-swapped (its blocks in the CPU pool), finished, or rejected (it could never run to its end, even
-alone: ``rejections`` says why).
-
-A step is a contract with an *executor* (the simulator's cost model, or a model): the plan
-(``SchedulerOutput``), the answer (``StepResult``: the time taken, the sampled tokens), and
-``update``, which appends each token, forks a sequence that sampled several (the children share
-its blocks) and frees the finished ones: in vLLM v0 the output processor's job
-(``vllm/engine/output_processor/single_step.py``). Who runs is ``scheduler.py``'s business.
+What this teaches (lesson 06): iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper
+section 2.3): between two steps a request can join and a sequence can leave. Each group is in one
+queue: waiting (no memory), running, swapped, finished or rejected (``rejections`` says why). A
+step is a contract with an *executor* (cost model or model): the plan (``SchedulerOutput``), the
+answer (``StepResult``), and ``update``, which appends tokens, forks a sequence that sampled
+several and frees the finished (in vLLM v0, ``vllm/engine/output_processor/single_step.py``).
 
 Read next: ``serving/scheduler.py``.
 """

@@ -1,28 +1,20 @@
 """Iteration-level scheduling with preemption: who runs this step, and who gives up memory.
 
-What this teaches: vLLM's scheduler (paper section 4.5). Every step (one forward pass) it
-    1. admits waiting requests first-come-first-served while memory allows, keeping a small
-       watermark of free blocks (``memory_policy.py``);
-    2. gives every running sequence a slot for one more token (one decode step each);
-    3. when a sequence cannot get one, *preempts* the most recently arrived group, all or
-       nothing, by **swapping** its blocks to a CPU pool or dropping them to **recompute** them
-       later as one prefill (the default, as in recent vLLM); swapped groups come back before
-       any new admission.
-Chunked prefill (optional; Sarathi, Agrawal et al., arXiv 2308.16369; vLLM's
-``enable_chunked_prefill``, not in the paper) caps a step's tokens at ``max_num_batched_tokens``
-and splits long prompts over several steps, decodes first.
+What this teaches (lesson 06; vLLM paper, section 4.5). Every step it admits waiting requests
+first-come-first-served while memory allows; gives every running sequence a slot for one more
+token; and when one cannot get it, preempts the newest group, all or nothing, by swapping or
+(the default, as in recent vLLM) recomputing; swapped groups come back before new admissions.
+Chunked prefill (Sarathi, arXiv 2308.16369; vLLM's ``enable_chunked_prefill``) caps a step's
+tokens and splits long prompts over steps, decodes first.
 
-Progress is a property, not luck:
-    * ``add_request`` refuses up front a request that could not run to its end even alone in an
-      empty cache (``queues.py``), so the oldest running group can always grow, preempting newer
-      ones if it must, and finishes; then the next oldest. (vLLM v0 refuses by the prompt's
-      length only: ``vllm/core/scheduler.py``, ``infeasible_seq_groups``.)
-    * a group that, swapped out, could never come back (``can_ever_swap_in``) is recomputed;
-    * a step with nothing to do while requests remain raises ``NoProgressError`` (no spinning).
+Progress is a property: a request that could not finish even alone is refused up front
+(``queues.py``; vLLM v0 checks the prompt only: ``vllm/core/scheduler.py``), so the oldest
+group can always grow and finish; a group that could never be swapped back in is recomputed; a
+step with nothing to do while requests remain raises ``NoProgressError``.
 
-Invariants (tests/test_scheduler_stateful.py): every request is in exactly one place (waiting,
-running, swapped, finished, rejected); each queue is in arrival order and admission is FCFS; a
-preempted group resumes with exactly its token streams; at the end the cache is empty again.
+Invariants (tests/test_scheduler_stateful.py): every request is in exactly one place; each queue
+is in arrival order and admission is FCFS; a preempted group resumes with its token streams; at
+the end the cache is empty again.
 
 Read next: ``sim/simulator.py``.
 """

@@ -1,25 +1,17 @@
 """Preemption: swap a sequence group's blocks to a CPU block pool, or drop them to recompute.
 
-What this teaches: what vLLM does when the GPU runs out of blocks mid-generation (paper section
-4.5). It preempts whole *sequence groups* (``sharing/sequence.py``) and recovers them later in
-one of two ways:
+What this teaches (lesson 06; vLLM paper, section 4.5): out of GPU blocks mid-generation, vLLM
+preempts whole groups and later recovers them by **swap** (copy the blocks to a CPU pool, free
+them, copy them back into fresh GPU blocks: PCIe copies, many small ones when blocks are small,
+Fig. 19) or **recompute** (free them, keep the tokens, re-run them as one prefill: the only way
+vLLM v1 preempts). ``KVCacheManager`` (``minipaged.KVCacheManager``) keeps the block ids, with a
+plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the host arrays and copies
+with ``cache_ops.swap_blocks``. A step moves data in this order: swap-outs, swap-ins, copies,
+the step's K/V (a swap-out reads its blocks before a swap-in may reuse them).
 
-    swap        copy the group's blocks to a pool of CPU blocks and free the GPU ones; later
-                copy them back into fresh GPU blocks. Costs PCIe bandwidth: many small copies
-                when blocks are small (the paper's Fig. 19).
-    recompute   free the GPU blocks and keep the tokens; later re-run them as one prefill.
-                Costs compute, whatever the block size. vLLM v1 preempts this way only.
-
-``KVCacheManager`` (``minipaged.KVCacheManager``, the last block-manager stage) does the block-id
-side with a plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the host arrays in
-the GPU layout and moves data with ``cache_ops.swap_blocks``. The scheduler decides *when*. A
-step's data moves in this order: swap-outs, swap-ins, copy-on-write copies, then the step's K/V
-(a swap-out reads its blocks before a swap-in of the same step may reuse them).
-
-Invariants (``check_invariants``): a sequence is on the GPU (a table of GPU blocks) or swapped
-(a table of CPU blocks), never both; CPU reference counts equal the CPU table entries; a swap
-moves a group all or nothing. With prefix caching a swapped sequence keeps its hashes, and its
-full blocks are cached again when it comes back.
+Invariants (``check_invariants``): a sequence is on the GPU or swapped, never both; CPU reference
+counts equal the CPU table entries; a swap moves a group all or nothing. With prefix caching a
+swapped sequence keeps its hashes, and its full blocks are cached again when it comes back.
 
 Read before: ``sharing/prefix_cache.py``. Read next: ``serving/memory_policy.py``.
 """

@@ -1,16 +1,13 @@
 """Fork and copy-on-write: sequences of one request sharing physical blocks.
 
-What this teaches: the sharing of the vLLM paper, section 4.4. ``fork`` gives a child every block
-of its parent and raises each block's reference count; nothing is copied. A full block is never
-written again, so sharing it is free. The partly filled *last* block is the one place a sequence
-still writes: when ``append_slot`` finds it shared, the writer first gets its own block and a
-pending *copy* (src, dst), which the caller applies with ``cache_ops.copy_blocks`` after
-``take_copies()``, before writing the step's K/V. The last table to write into a shared block is
-its only user and writes in place: k writers of a block held by k tables make k - 1 copies.
-
-A pending copy is a *user* of its source: if the child copies block 7 and the parent is freed in
-the same step, block 7 must not be handed out (and overwritten) before the copy has read it.
-``take_copies`` drops that hold; a copy whose destination is freed first is dropped with it.
+What this teaches (lesson 04; vLLM paper, section 4.4): ``fork`` gives a child every block of its
+parent and raises their reference counts; nothing is copied. Full blocks are never written again;
+when ``append_slot`` finds the partly filled last block shared, the writer first gets its own
+block and a pending copy (src, dst), which the caller applies with ``cache_ops.copy_blocks``
+after ``take_copies()``. The last writer writes in place: k writers of a block held by k tables
+make k - 1 copies. A pending copy is a *user* of its source, so a source freed in the same step
+is not handed out (and overwritten) before the copy reads it; a copy whose destination is freed
+is dropped.
 
 Invariants (``check_invariants``; tests/test_sharing_stateful.py after every step):
     1. a block's reference count = the table entries pointing at it + the pending copies that

@@ -1,34 +1,27 @@
 """Prefix caching: full blocks found again by a hash of everything before them (vLLM v1 style).
 
-What this teaches: how vLLM v1 shares KV blocks *between requests* (paper section 4.4, shared
-prefix). Every full block gets a hash chained from its parent's: ``h_i = hash_fn(h_{i-1},
-tokens[i*BS:(i+1)*BS])`` with ``h_{-1} = ROOT_HASH``, so equal hashes stand for the same *whole
-prefix* (a token's K/V depend on every token before it). A table maps hash -> block. A prompt
-reuses the longest run of cached blocks from its start, at most (n - 1) // BS: the last prompt
-token is always recomputed for its logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks).
-Only full blocks are cached (at ``allocate``, or when ``append_slot`` fills one).
+What this teaches (lesson 05; paper section 4.4, shared prefix): every full block gets a hash
+chained from its parent's, ``h_i = hash_fn(h_{i-1}, tokens of block i)`` from ``ROOT_HASH``, so
+equal hashes mean the same *whole prefix*, and a table maps hash -> block. A prompt reuses the
+longest run of cached blocks from its start, at most (n - 1) // BS: the last token is recomputed
+for its logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks). Freed blocks keep K/V and
+hash in ONE free queue in eviction order, as vLLM's FreeKVCacheBlockQueue
+(vllm/v1/core/kv_cache_utils.py): ``allocate`` pops the head and only then evicts its hash
+(block_pool.py get_new_blocks); ``free`` puts hashed blocks at the tail (LRU), a table's tail
+first, and unhashed ones at the head (block_pool.py free_blocks, vLLM 0.32); a hit takes a block
+out of the middle (block_pool.py touch).
 
-Freed blocks keep their K/V and hash. ONE free queue (a ``collections.OrderedDict``) holds every
-free block in eviction order, as vLLM's FreeKVCacheBlockQueue (vllm/v1/core/kv_cache_utils.py):
-``allocate`` pops the head and only then evicts its hash, if any (block_pool.py
-get_new_blocks); ``free`` puts a block with a hash at the tail (LRU) and one without at the head
-(block_pool.py free_blocks, vLLM 0.32; earlier v1 releases appended both to the tail), tail
-blocks of a table first; a hit takes a free block out of the middle (block_pool.py touch).
-
-A hit also compares the cached block's token ids, as nano-vllm does (nanovllm/engine/
-block_manager.py); vLLM trusts a strong hash alone (block_pool.py get_cached_block; sha256 by
-default, vllm/config/cache.py). ``hash_fn`` is pluggable (default: Python's 64-bit tuple hash), so
-here a weak hash costs hits instead of serving another block's K/V; colliding chains followed by
-equal tokens still match, a risk both accept. A block filled under a hash already cached is
-cached too (block_pool.py BlockHashToBlockMap: "we don't de-duplicate"); lookups take the oldest.
-Fork and copy-on-write work here too, as in vLLM v0: full blocks are shared by hash, the partial
-one by reference count, and a copied block gets its hash once full. Read next: ``serving/swap.py``.
+A hit also compares token ids, as nano-vllm does (nanovllm/engine/block_manager.py); vLLM trusts
+its hash, sha256 by default (block_pool.py get_cached_block; vllm/config/cache.py). With a weak
+``hash_fn`` (the default is Python's tuple hash) a collision then costs a hit, not wrong K/V. A
+block filled under a hash already cached is cached too (block_pool.py BlockHashToBlockMap: "we
+don't de-duplicate"); lookups take the oldest. Fork and copy-on-write work too, as in vLLM v0.
+Read next: ``serving/swap.py``.
 
 Invariants (``check_invariants``; the stateful tests, with fork and copy-on-write):
-    1. the free queue holds every free block once, first those without a hash, then those with
-       one, least recently used first: allocation evicts only when nothing else is free;
-    2. the table maps each hash to the blocks carrying it, each with the token ids it was cached
-       with; a block carries at most one hash;
+    1. the free queue holds every free block once, unhashed ones first, then hashed ones least
+       recently used first: allocation evicts only when nothing else is free;
+    2. the table maps each hash to the blocks carrying it, each with its cached token ids;
     3. every full block of a live table carries the chain hash of its position in that table.
 """
 

@@ -1,21 +1,11 @@
 """Parallel sampling and beam search over fork / append_slot / free.
 
-What this teaches: the two decoding algorithms for which vLLM's paper introduced block sharing
-(section 4.4), as small helpers over the block manager and ``sharing/sequence.py``'s groups.
-
-    parallel sampling   n continuations of one prompt. By fork (vLLM v0): allocate the prompt
-                        once and fork it n - 1 times; the samples share every prompt block, and
-                        the partial last block is copied on write. As n requests (vLLM v1 fans
-                        a request with n > 1 out into n: vllm/v1/engine/parallel_sampling.py):
-                        the full prompt blocks are prefix-cache hits, the partial one is not.
-    beam search         keep the k best partial sequences: each step every beam proposes
-                        (token, score) candidates and the k best survive; a beam chosen twice is
-                        forked, a beam not chosen is freed (its blocks return to the pool unless
-                        a survivor still shares them).
-
-Both work with or without prefix caching (as in vLLM v0, full blocks are shared by hash and the
-partial one by reference count). Sharing pays most for beam search, whose beams share generated
-tokens too: the paper measured 37.6-55.2% fewer blocks for beam widths 2-6, against 6.1-9.8% for
+What this teaches (lesson 04): the two decoding algorithms that vLLM's paper shares blocks for
+(section 4.4). Parallel sampling by fork (vLLM v0) allocates the prompt once and forks it; as n
+requests (vLLM v1 fans n > 1 out: vllm/v1/engine/parallel_sampling.py) it allocates the prompt n
+times and the full blocks are prefix-cache hits. Beam search keeps the k best candidates each
+step: a beam chosen twice is forked, a beam not chosen is freed. Both work with prefix caching on,
+as in vLLM v0. The paper measured 37.6-55.2% fewer blocks for beam widths 2-6 and 6.1-9.8% for
 parallel sampling (Fig. 15); ``blocks_without_sharing`` is the baseline. Every helper checks its
 arguments and the room it needs first: all or nothing.
 

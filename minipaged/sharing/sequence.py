@@ -1,12 +1,10 @@
 """Sequences and sequence groups: vLLM's vocabulary for requests, one model for every stage.
 
-What this teaches: a *sequence* is one token stream; a *sequence group* is one request (n
-parallel samples or k beams are n or k sequences sharing the prompt, paper section 4.4), admitted,
-preempted and finished as a whole (section 4.5: evicting only some of a group that shares blocks
-would free little). ``token_ids`` are the prompt plus every sampled token; ``num_computed`` of
-them have K/V in the cache; a *prefill chunk* is the range whose K/V a step computes. The lessons'
-helpers (``sharing/sampling.py``, ids ``(request_id, i)``), the scheduler (numbered ids, statuses
-below), the simulator and the engine all use these classes.
+What this teaches: a *sequence* is one token stream (``token_ids``: the prompt plus every sampled
+token, ``num_computed`` of them with K/V in the cache); a *sequence group* is one request: its n
+samples or k beams share the prompt (paper section 4.4) and are admitted, preempted and finished
+together (section 4.5). A *prefill chunk* is the range whose K/V a step computes. The lessons'
+helpers, the scheduler, the simulator and the engine all use these classes.
 
 Read before: ``sharing/cow.py``. Read next: ``sharing/sampling.py``.
 """
