@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged._checks import check_block_tables, check_dtype, check_int_array, check_query
+from minipaged._checks import cdiv, check_block_tables, check_dtype, check_int_array, check_query
 from minipaged.attention import (
     _from_heads,
     _to_heads,
@@ -137,51 +137,41 @@ def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: n
 def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
                     block_tables: np.ndarray, seq_lens: np.ndarray, *,
                     scale: float | None = None, method: str = "gather") -> np.ndarray:
-    """Decode attention: one new query per sequence over its paged K/V.
-
-    query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int [S, MB] (padded
-    with -1); seq_lens int [S] (tokens in the cache, the new one included). Returns [S, H, D]
-    in query.dtype. method "gather" equals dense_attention on the gathered K/V bit for bit;
-    "online" equals dense_attention(..., tile=BS) bit for bit."""
+    """Decode attention: one new query per sequence over its paged K/V. query [S, H, D];
+    block_tables int [S, MB] (padded with -1); seq_lens int [S] (the new token included).
+    Returns [S, H, D] in query.dtype."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     G = check_query(query, key_cache, None, "S")
     S = query.shape[0]
     bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     check_scale(scale)
+    if method == "gather" or S == 0:  # a prefill of one new token per sequence
+        return _per_sequence(query, key_cache, value_cache, bt, lens, np.ones(S, int), scale,
+                             method)
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
-    if S == 0:
-        return np.empty_like(query)
-    qh = _to_heads(query.reshape(1, S * Hkv * G, D), S * Hkv, scale, acc)  # [S*Hkv, G, D]
+    qh = _to_heads(query.reshape(1, S * Hkv * G, D), S * Hkv, scale, acc)
     qh = qh.reshape(S, Hkv, G, D)          # elementwise scaling: same bits as per sequence
-    nblocks = -(-lens // BS)                                               # [S]
-    if method == "gather":
-        oh = np.empty_like(qh)
-        bufs = _gather_buffers(key_cache, int(nblocks.max()))
-        for s in range(S):  # one iteration per sequence: each has its own Tk (see docstring)
-            L = int(lens[s])
-            oh[s] = _gather_attention(qh[s], key_cache, value_cache, bt[s, :nblocks[s]], L,
-                                      row_limits(1, L, G, True), bufs)
-    else:
-        # Walk logical block j of every sequence at once. Sequences are visited longest first,
-        # so the ones that still have a block j are a prefix [:n] (views, no fancy indexing).
-        order = np.argsort(-nblocks, kind="stable")
-        qs, bts, ls, nbs = qh[order], bt[order], lens[order], nblocks[order]
-        m, l, o = online_init((S, Hkv, G), D, acc)
-        offsets = np.arange(BS)
-        for j in range(int(nbs[0])):  # one iteration per logical block, never per token
-            n = int(np.searchsorted(-nbs, -j, side="left"))          # sequences with nbs > j
-            hidden = (j * BS + offsets)[None, :] >= ls[:n, None]     # [n, BS] past seq_len
-            pad = hidden.any()
-            kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
-            vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
-            m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
-                                              hidden[:, None, None, :] if pad else None,
-                                              m[:n], l[:n], o[:n])
-        o /= l
-        oh = np.empty_like(o)
-        oh[order] = o
+    # Walk logical block j of every sequence at once, longest first, so the sequences that
+    # still have a block j are a prefix [:n] (views, no fancy indexing).
+    nblocks = cdiv(lens, BS)                                               # [S]
+    order = np.argsort(-nblocks, kind="stable")
+    qs, bts, ls, nbs = qh[order], bt[order], lens[order], nblocks[order]
+    m, l, o = online_init((S, Hkv, G), D, acc)
+    offsets = np.arange(BS)
+    for j in range(int(nbs[0])):  # one iteration per logical block, never per token
+        n = int(np.searchsorted(-nbs, -j, side="left"))          # sequences with nbs > j
+        hidden = (j * BS + offsets)[None, :] >= ls[:n, None]     # [n, BS] past seq_len
+        pad = hidden.any()
+        kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+        vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+        m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
+                                          hidden[:, None, None, :] if pad else None,
+                                          m[:n], l[:n], o[:n])
+    o /= l
+    oh = np.empty_like(o)
+    oh[order] = o
     return oh.reshape(S, Hkv * G, D).astype(query.dtype, copy=False)
 
 
@@ -190,34 +180,38 @@ def paged_prefill_attention(query: np.ndarray, key_cache: np.ndarray, value_cach
                             query_lens: np.ndarray, *, scale: float | None = None,
                             method: str = "gather") -> np.ndarray:
     """Ragged prefill: query_lens[s] new tokens of sequence s attend causally over its cached
-    prefix plus themselves.
-
-    query [T, H, D] packs the new tokens sequence by sequence (T = sum(query_lens)); their K/V
-    are already in the cache, and seq_lens [S] counts them, so query row i of sequence s is
-    token position seq_lens[s] - query_lens[s] + i. Returns [T, H, D] in query.dtype, equal bit
-    for bit to dense_attention on each sequence's gathered K/V (tile=BS for "online")."""
+    prefix and themselves. query [T, H, D] packs them sequence by sequence (T = sum(query_lens));
+    their K/V are in the cache and seq_lens [S] counts them. Returns [T, H, D] in query.dtype."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     qlens = check_int_array("query_lens", query_lens, 1)
     S = qlens.shape[0]
     for s in np.flatnonzero(qlens < 1)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]}; every sequence needs at least 1 new token")
-    G = check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
+    check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
     bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     for s in np.flatnonzero(qlens > lens)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]} > seq_lens[{s}]={lens[s]}; seq_lens "
                          "must count the new tokens too")
     check_scale(scale)
+    return _per_sequence(query, key_cache, value_cache, bt, lens, qlens, scale, method)
+
+
+def _per_sequence(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                  bt: np.ndarray, lens: np.ndarray, qlens: np.ndarray, scale: float | None,
+                  method: str) -> np.ndarray:
+    """Checked inputs, one sequence at a time: ragged query lengths give each its own shapes."""
+    _, Hkv, BS, D = key_cache.shape
+    G = query.shape[1] // Hkv
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
     out = np.empty_like(query)
-    if S == 0:
+    if qlens.size == 0:
         return out
-    nblocks = -(-lens // BS)
+    nblocks = cdiv(lens, BS)
     starts = np.concatenate([[0], np.cumsum(qlens)])
     bufs = _gather_buffers(key_cache, int(nblocks.max())) if method == "gather" else None
-    # One iteration per sequence: ragged query lengths give every sequence its own GEMM shape.
-    for s in range(S):
+    for s in range(qlens.size):
         T, L, nb = int(qlens[s]), int(lens[s]), int(nblocks[s])
         qh = _to_heads(query[starts[s]:starts[s + 1]], Hkv, scale, acc)       # [Hkv, G*T, D]
         limits = row_limits(T, L, G, True)                                     # [G*T]

@@ -100,7 +100,6 @@ class PagedPolicy(MemoryPolicy):
         self.block_size = manager.block_size
         self.watermark_blocks = int(watermark * manager.num_blocks)
         self.name = f"paged (block {manager.block_size})"
-        self._swapped_blocks: dict[SeqId, int] = {}  # seq -> GPU blocks its group swapped out
 
     def refusal(self, width, final_len):
         # The worst case: every sequence at its final length, sharing nothing (a recompute
@@ -148,7 +147,6 @@ class PagedPolicy(MemoryPolicy):
         self.manager.fork(parent_id, child_id)
 
     def free(self, seq_id):
-        self._swapped_blocks.pop(seq_id, None)
         self.manager.free(seq_id)
 
     def take_copies(self):
@@ -158,15 +156,13 @@ class PagedPolicy(MemoryPolicy):
         return self.manager.can_swap_out(seq_ids)  # False without a CPU pool, or a full one
 
     def swap_out(self, seq_ids):
-        mapping = self.manager.swap_out(seq_ids)  # one pair per block, a shared block once
-        for sid in seq_ids:
-            self._swapped_blocks[sid] = len(mapping)
-        return mapping
+        return self.manager.swap_out(seq_ids)
 
     def _swap_in_need(self, seq_ids) -> int:
         # vLLM v0's conservative rule (block_manager_v1.py, ``can_swap_in``): the group's blocks
         # plus one new block per sequence, which it may take right after coming back.
-        return self._swapped_blocks[seq_ids[0]] + len(seq_ids) + self.watermark_blocks
+        blocks = {c for sid in seq_ids for c in self.manager.cpu_block_table(sid)}
+        return len(blocks) + len(seq_ids) + self.watermark_blocks
 
     def can_swap_in(self, seq_ids):
         return self._swap_in_need(seq_ids) <= self.manager.num_free_blocks
@@ -175,8 +171,6 @@ class PagedPolicy(MemoryPolicy):
         return self._swap_in_need(seq_ids) <= self.manager.num_blocks
 
     def swap_in(self, seq_ids):
-        for sid in seq_ids:
-            del self._swapped_blocks[sid]
         return self.manager.swap_in(seq_ids)
 
     def usage(self, final_lens, next_final_len):
