@@ -170,17 +170,16 @@ class BuddyAllocator:
     def check_invariants(self) -> None:
         """The slow, obvious oracle: rebuild slot ownership and check invariants 1-3, O(slots)."""
         owner = np.zeros(self.num_slots, dtype=np.int8)  # 0 nobody, 1 allocated, 2 free
-        for off, n in self._live.items():
+        regions = [(off, n, 1) for off, n in self._live.items()]
+        regions += [(off, n, 2) for off, n in self.free_blocks()]
+        for off, n, who in regions:
             if off < 0 or off + n > self.num_slots or owner[off:off + n].any():
-                raise AssertionError(f"allocation [{off}, {off + n}) overlaps or leaves arena")
-            owner[off:off + n] = 1
+                raise AssertionError(f"region [{off}, {off + n}) overlaps or leaves the arena")
+            owner[off:off + n] = who
         for k, offs in enumerate(self._free):
             for off in offs:
-                if off % (1 << k) or off + (1 << k) > self.num_slots:
-                    raise AssertionError(f"free block ({off}, order {k}) misaligned or outside")
-                if owner[off:off + (1 << k)].any():
-                    raise AssertionError(f"free block ({off}, order {k}) overlaps something")
-                owner[off:off + (1 << k)] = 2
+                if off % (1 << k):
+                    raise AssertionError(f"free block ({off}, order {k}) is misaligned")
                 if k < self.max_order and (off ^ (1 << k)) in offs:
                     raise AssertionError(f"free block ({off}, order {k}) and its buddy unmerged")
             if bool(offs) != bool(self._mask >> k & 1):

@@ -124,14 +124,12 @@ class PagedPolicy(MemoryPolicy):
             for sid, toks in zip(seq_ids, token_ids):
                 cached.append(m.allocate(sid, toks))
         except OutOfBlocksError:
-            for sid in seq_ids[:len(cached)]:  # all or nothing: give back what was taken
-                m.free(sid)
-            return None
-        if m.num_free_blocks < self.watermark_blocks:  # a prefix-cache admission went too far
-            for sid in seq_ids:
-                m.free(sid)
-            return None
-        return cached
+            pass
+        if len(cached) == len(seq_ids) and m.num_free_blocks >= self.watermark_blocks:
+            return cached
+        for sid in seq_ids[:len(cached)]:  # all or nothing (and the watermark kept free)
+            m.free(sid)
+        return None
 
     def can_append(self, seq_ids):
         # vLLM v0's rule (``block_manager_v1.py``, ``can_append_slots``): one free block per

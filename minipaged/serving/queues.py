@@ -192,30 +192,28 @@ class RequestQueues:
                 tokens.append(toks[0])
             if len(tokens) >= s.stop_len:
                 finished.append(s)
-        done = [s.group for s in finished if self._end_seq(s, now)]
+        return self._finish(finished, now)
+
+    def _finish(self, seqs: list[Sequence], now: float) -> list[SequenceGroup]:
+        """Free finished sequences; returns the groups they were the last of."""
+        done = []
+        for s in seqs:
+            g = s.group
+            self.policy.free(s.seq_id)
+            g.seqs.remove(s)
+            if self.config.keep_outputs:
+                g.outputs.append(s.token_ids)
+            if not g.seqs:
+                g.status, g.finish_s = FINISHED, now
+                done.append(g)
         if done:
             self.running = [g for g in self.running if g.status == RUNNING]
             self.finished += done
         return done
-
-    def _end_seq(self, s: Sequence, now: float) -> bool:
-        g = s.group
-        self.policy.free(s.seq_id)
-        g.seqs.remove(s)
-        if self.config.keep_outputs:
-            g.outputs.append(s.token_ids)
-        if not g.seqs:
-            g.status, g.finish_s = FINISHED, now
-            return True
-        return False
 
     def finish_seq(self, s: Sequence, now: float) -> bool:
         """End a running sequence early (an end-of-sequence token, a stop string: the executor
         decides) as ``update`` ends one at its length; True when that finished its group."""
         if s.group.status != RUNNING or s not in s.group.seqs:
             raise ValueError(f"{s!r} is not a running sequence")
-        if not self._end_seq(s, now):
-            return False
-        self.running = [g for g in self.running if g is not s.group]
-        self.finished.append(s.group)
-        return True
+        return bool(self._finish([s], now))
