@@ -18,6 +18,7 @@ Read before: ``paged/block_allocator.py``. Read next: ``paged/cache_ops.py``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -190,13 +191,9 @@ class BlockManager:
         """Blocks in use that no table holds: none here (``sharing/cow.py`` has some)."""
         return 0
 
-    def _expected_ref_counts(self) -> list[int]:
+    def _expected_ref_counts(self) -> Counter[int]:
         """Invariant 2: per block, the number of table entries pointing at it."""
-        refs = [0] * self.num_blocks
-        for table in self._tables.values():
-            for b in table:
-                refs[b] += 1
-        return refs
+        return Counter(b for table in self._tables.values() for b in table)
 
     def check_invariants(self) -> None:
         """Assert invariants 1-3 of the module docstring (O(NB), for tests)."""

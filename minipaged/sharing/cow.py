@@ -110,7 +110,7 @@ class CowBlockManager(BlockManager):
     def _held_outside_tables(self) -> int:
         return sum(1 for src in self._reads if self._table_users(src) == 0)
 
-    def _expected_ref_counts(self) -> list[int]:
+    def _expected_ref_counts(self) -> Counter[int]:
         refs = super()._expected_ref_counts()
         for src in self._copies.values():
             refs[src] += 1
