@@ -17,8 +17,8 @@ lessons in ``lessons/`` follow the same stages):
     sharing/prefix_cache.py               prefix caching: a hash chain and an LRU free queue
     serving/swap.py              stage 5  preemption: swap to a CPU pool, or recompute
     serving/memory_policy.py              the scheduler's view of memory: blocks or regions
-    serving/queues.py                     continuous batching's queues and the contract of a step
-    serving/scheduler.py                  the scheduler: FCFS, preemption, chunked prefill
+    serving/queues.py                     requests in, sequences out: the scheduler's queues
+    serving/scheduler.py                  continuous batching: FCFS, preemption, chunked prefill
 
 After the core: ``sim/`` (workloads, a cost model, the simulator and the paper's experiments),
 ``cuda/`` (stage 6: the CUDA kernels, run by CuPy on a GPU or by the CPU emulation harness in
