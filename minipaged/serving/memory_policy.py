@@ -6,21 +6,11 @@ same requests, same order, same preemption rules; only the memory differs.
 
 Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 
-The interface (``MemoryPolicy``):
-
-    refusal(width, final_len)  why a request could never run to its end even alone (or None)
-    admit(ids, tokens, final_len)  memory for sequences about to be prefilled, all or nothing:
-                          the tokens already cached per sequence, or None
-    can_append(ids)       room for one more token in each of ``ids``; then append_slot
-    fork / free           copy-on-write sharing of a parent's blocks; release a sequence
-    swap_out / swap_in    preemption by swapping (paged only), block mappings returned
-    usage(...)            the paper's four categories of KV memory, now
-
-``PagedPolicy`` wraps ``KVCacheManager`` with vLLM's *watermark*: admit only while a few free
-blocks (1%) remain, so running sequences can grow before anyone is preempted (vLLM v0,
-``vllm/core/block_manager_v1.py``, ``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves
-each request's whole final length at admission, so it never preempts and cannot share; it keeps
-accounting only (``store_kv=False``).
+The interface is ``MemoryPolicy``, one line per method. ``PagedPolicy`` wraps
+``KVCacheManager`` with vLLM's *watermark*: admit only while a few free blocks (1%) remain, so
+running sequences can grow before anyone is preempted (vLLM v0, ``vllm/core/block_manager_v1.py``,
+``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves each request's whole final length at
+admission, so it never preempts and cannot share; it keeps accounting only (``store_kv=False``).
 """
 
 from __future__ import annotations
@@ -37,32 +27,39 @@ SeqId = Hashable
 
 
 class MemoryPolicy(ABC):
-    """The scheduler's view of a KV cache (the interface is in the module docstring)."""
+    """The scheduler's view of a KV cache; swap_out / swap_in exist where can_swap_out can say
+    True (paged only) and return the block mappings to copy."""
 
     name = "abstract"
     supports_sharing = False
 
     @abstractmethod
-    def refusal(self, width: int, final_len: int) -> str | None: ...
+    def refusal(self, width: int, final_len: int) -> str | None:
+        """Why a request could never run to its end, even alone in an empty cache (or None)."""
 
     @abstractmethod
     def admit(self, seq_ids: list[SeqId], token_ids: list[list[int]],
-              final_len: int) -> list[int] | None: ...
+              final_len: int) -> list[int] | None:
+        """Memory for sequences about to be prefilled, all or nothing: per sequence the tokens
+        already cached (prefix caching), or None when there is no room."""
 
     @abstractmethod
-    def can_append(self, seq_ids: list[SeqId]) -> bool: ...
+    def can_append(self, seq_ids: list[SeqId]) -> bool:
+        """Room for one more token in each of ``seq_ids`` (a whole group, before any append)."""
 
     @abstractmethod
     def append_slot(self, seq_id: SeqId, token_id: int) -> None: ...
 
     @abstractmethod
-    def free(self, seq_id: SeqId) -> None: ...
+    def free(self, seq_id: SeqId) -> None:
+        """Release a sequence (finished, dropped or preempted by recompute)."""
 
     def no_sharing(self) -> str:
         return (f"the {self.name} policy cannot share memory between sequences "
                 "(parallel sampling and beam search need --policy paged)")
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
+        """The child shares the parent's memory (copy-on-write)."""
         raise ValueError(self.no_sharing())
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -72,7 +69,8 @@ class MemoryPolicy(ABC):
         return False  # so swap_out and the swap-in methods are never called
 
     @abstractmethod
-    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage: ...
+    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
+        """The paper's four categories of KV memory, now."""
 
     @abstractmethod
     def blocks_in_use(self) -> int:
