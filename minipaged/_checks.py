@@ -1,14 +1,9 @@
 """Argument checks shared by every stage: one line at each call site, one message style.
 
-What this teaches: nothing about paging; it keeps the algorithm files about their algorithms.
-Every check raises *before* anything changes, and its message names the argument, the value and
-what was expected (``block_size=0 is out of range: expected >= 1``), so a caller can fix the
-call without reading the code. Integers: Python ints and NumPy integers are accepted, bools and
-floats are refused (``int(2.7)`` would silently become 2). Ranges are half-open, ``[low, high)``,
-like ``range``.
-
-It also defines ``OutOfBlocksError``, the one error every stage raises when KV cache memory runs
-out (the contiguous cache's ``OutOfMemoryError`` is a subclass), so a scheduler catches one type.
+A check raises before anything changes, naming the argument, the value and what was expected
+(``block_size=0 is out of range: expected >= 1``). Integers may be Python or NumPy ints, never
+bools or floats; ranges are half-open, ``[low, high)``. ``OutOfBlocksError`` is the one error
+every stage raises when KV memory runs out, so a scheduler catches one type.
 """
 
 from __future__ import annotations
@@ -36,27 +31,20 @@ def check_int(name: str, value: object, *, low: int | None = None,
         raise TypeError(f"{name}={value!r} must be an integer, "
                         f"got {type(value).__name__}") from None
     if (low is not None and v < low) or (high is not None and v >= high):
-        if high is None:
-            want = f">= {low}"
-        elif low is None:
-            want = f"< {high}"
-        else:
-            want = f"in [{low}, {high})"
+        want = (f">= {low}" if high is None else f"< {high}" if low is None
+                else f"in [{low}, {high})")
         raise ValueError(f"{name}={v} is out of range: expected {want}")
     return v
 
 
-def check_float(name: str, value: object, *, low: float | None = None,
-                positive: bool = False) -> float:
+def check_float(name: str, value: object, *, low: float | None = None) -> float:
     """``value`` as a finite Python float (ints and NumPy floats accepted, bools refused)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                     np.floating)):
+    numbers = (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers):
         raise TypeError(f"{name}={value!r} must be a number, got {type(value).__name__}")
     v = float(value)
     if not math.isfinite(v):
         raise ValueError(f"{name}={v} must be finite")
-    if positive and v <= 0:
-        raise ValueError(f"{name}={v} is out of range: expected > 0")
     if low is not None and v < low:
         raise ValueError(f"{name}={v} is out of range: expected >= {low}")
     return v
@@ -123,11 +111,9 @@ def check_int_array(name: str, x: object, ndim: int) -> np.ndarray:
 
 
 def check_block_tables(block_tables: object, seq_lens: object, S: int, NB: int, BS: int,
-                  *, single_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Validate block tables [S, MB] and seq_lens [S] against a pool of NB blocks of BS slots;
-    return both as int64 arrays.
-
-    Only entries inside a sequence's length are checked (and later read): the rest is padding."""
+                       *, single_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Block tables [S, MB] and seq_lens [S] against NB blocks of BS slots, as int64 arrays.
+    Only the entries inside a sequence's length are checked (and read): the rest is padding."""
     tname, lname = ("block_table_row", "seq_len") if single_row else ("block_tables", "seq_lens")
     if single_row:
         bt = check_int_array(tname, block_tables, 1)[None, :]
@@ -150,9 +136,9 @@ def check_block_tables(block_tables: object, seq_lens: object, S: int, NB: int, 
     for s in np.flatnonzero(lens < 1)[:1]:
         raise ValueError(f"{where(s)}={lens[s]}; every sequence needs at least 1 token")
     for s in np.flatnonzero(lens > MB * BS)[:1]:
-        raise ValueError(f"{where(s)}={lens[s]} needs {-(-lens[s] // BS)} blocks of BS={BS} but "
+        raise ValueError(f"{where(s)}={lens[s]} needs {cdiv(lens[s], BS)} blocks of BS={BS} but "
                          f"{tname} has only MB={MB} entries per row (room for {MB * BS} tokens)")
-    used = np.arange(MB)[None, :] < -(-lens[:, None] // BS)            # [S, MB] entries in use
+    used = np.arange(MB)[None, :] < cdiv(lens[:, None], BS)            # [S, MB] entries in use
     bad = used & ((bt < 0) | (bt >= NB))
     if bad.any():
         s, i = (int(x) for x in np.argwhere(bad)[0])
@@ -163,7 +149,9 @@ def check_block_tables(block_tables: object, seq_lens: object, S: int, NB: int, 
     return bt, lens
 
 
-def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: str) -> int:
+def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int | None,
+                rows_name: str) -> int:
+    """query [rows, H, D] against key_cache [NB, Hkv, BS, D] (rows None: any); returns G."""
     if not isinstance(query, np.ndarray):
         raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
     if query.ndim != 3:
@@ -178,20 +166,16 @@ def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int, rows_name: 
     if query.shape[1] < 1 or query.shape[1] % Hkv:
         raise ValueError(f"H={query.shape[1]} query heads is not a multiple of Hkv={Hkv} KV "
                          "heads (key_cache.shape[1])")
-    if query.shape[0] != rows:
+    if rows is not None and query.shape[0] != rows:
         raise ValueError(f"query.shape[0]={query.shape[0]}; expected {rows_name}={rows}")
     return query.shape[1] // Hkv
 
 
 class OutOfBlocksError(RuntimeError):
-    """Not enough free physical blocks. ``needed`` and ``free`` say by how much.
-
-    Whoever raises it must leave its state exactly as before the call, so that a scheduler can
-    catch it, preempt someone (swap or recompute) and try again."""
+    """Not enough free physical blocks (``needed``, ``free``). Whoever raises it has changed
+    nothing, so a scheduler can catch it, preempt someone and try again."""
 
     def __init__(self, needed: int, free: int, what: str = "") -> None:
-        self.needed = needed
-        self.free = free
-        where = f" {what}" if what else ""
-        super().__init__(f"out of KV cache blocks{where}: needed {needed} block(s) "
-                         f"but only {free} free")
+        self.needed, self.free = needed, free
+        super().__init__(f"out of KV cache blocks{' ' + what if what else ''}: needed {needed} "
+                         f"block(s) but only {free} free")

@@ -1,30 +1,16 @@
 """Dense attention: the oracle every paged path in this project is checked against.
 
-What this teaches: scaled dot-product attention exactly as a decoder runs it, with the three
-details that matter once K and V live in a cache:
+What this teaches (lesson 01): scaled dot-product attention as a decoder runs it. Causal with an
+offset: the T new queries are the last T of Tk positions, so query t sees keys ``0 .. Tk - T + t``
+(prefill T == Tk, decode T == 1). Grouped-query attention: query head h reads KV head
+``h // (H // Hkv)``. The online softmax (``tile=n``): tiles of n keys, a running max m and sum l,
+rescaled by ``exp(m_old - m_new)`` when the max grows, as FlashAttention and vLLM's paged kernel
+do. float16 accumulates in float32 and is rounded once at the end; float32/64 in themselves.
 
-* **causal with an offset.** During decode the T new queries are the *last* T positions of a
-  context of Tk tokens, so query t sees keys ``0 .. Tk - T + t`` (prefill is the case T == Tk,
-  decode the case T == 1, a chunked prefill or a prefix-cache hit anything in between);
-* **grouped-query attention** (GQA; MQA is Hkv == 1): H query heads share Hkv KV heads, query
-  head h reads KV head ``h // (H // Hkv)``. The cache stores Hkv heads, which is why Llama-3-8B
-  needs 4x less KV memory per token than a multi-head model of the same width (lesson 01);
-* **the online softmax** (``tile=n``): the same attention computed over tiles of n keys while
-  carrying a running max m and a running sum l, rescaling what was accumulated so far by
-  ``exp(m_old - m_new)`` whenever the max grows. This is how FlashAttention and vLLM's paged
-  kernel work: they never hold a whole row of scores, only one tile (one block) at a time.
-
-Accumulation dtype: float16 inputs are upcast to float32 once; every product, the softmax and
-the weighted sum of V run in float32 and the output is rounded to float16 once at the end (what
-GPU kernels do with half inputs). float32 computes in float32, float64 in float64.
-
-Why the arithmetic is organised the way it is: ``paged_attention.py`` promises **bit-for-bit**
-equality with this oracle. Floating-point sums depend on their order, and NumPy's order depends
-on array shapes (pairwise summation along a row, BLAS blocking inside a matmul). So the oracle
-is written as three small kernels over head-major arrays (``_to_heads``, ``plain_softmax``,
-``online_softmax``) and the paged paths call the *same* kernels on K/V they fetched through a
-block table, with identical per-head shapes. What the paged paths change is only where K and V
-come from; that is the whole claim of PagedAttention (vLLM paper, section 4.1).
+Floating-point sums depend on their order, and NumPy's order on the shapes, so the oracle is three
+small kernels over head-major arrays (``_to_heads``, ``plain_softmax``, ``online_softmax``) that
+``paged_attention.py`` calls with the same per-head shapes: it equals this oracle bit for bit, and
+only where K and V come from changes (vLLM paper, section 4.1).
 
 Read before: nothing (start here). Read next: ``contiguous/usage.py`` (stage 2, lesson 02).
 """
@@ -33,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged._checks import SUPPORTED_DTYPES, check_dtype  # noqa: F401 (re-exported)
+from minipaged._checks import check_dtype
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
@@ -58,19 +44,15 @@ def check_scale(scale: float | None) -> None:
 
 
 def row_limits(T: int, Tk: int, G: int, causal: bool) -> np.ndarray:
-    """Index of the last key each score row may see, for rows ordered (g, t): [G*T] int64.
-
-    Causal with offset: query t is token position Tk - T + t, so it sees keys 0 .. Tk - T + t.
-    Every row sees at least key 0 (T <= Tk), so no softmax row is ever empty."""
+    """The last key each score row may see, rows ordered (g, t): [G*T] int64. Every row sees
+    at least key 0 (T <= Tk), so no softmax row is ever empty."""
     last = np.arange(Tk - T, Tk, dtype=np.int64) if causal else np.full(T, Tk - 1, np.int64)
     return np.tile(last, G)
 
 
 def _to_heads(q: np.ndarray, num_kv_heads: int, scale: float, acc: np.dtype) -> np.ndarray:
-    """q [T, H, D] -> scaled qh [Hkv, G*T, D] in the accumulation dtype, rows ordered (g, t).
-
-    All G query heads that share a KV head become the rows of one matrix, so each KV head's
-    K is multiplied once (one GEMM per KV head) instead of G times."""
+    """q [T, H, D] -> scaled qh [Hkv, G*T, D] in the accumulation dtype, rows ordered (g, t):
+    the G query heads of one KV head are the rows of one matrix (one GEMM per KV head)."""
     T, H, D = q.shape
     G = H // num_kv_heads
     qh = q.astype(acc).reshape(T, num_kv_heads, G, D).transpose(1, 2, 0, 3)  # [Hkv, G, T, D]
@@ -88,11 +70,9 @@ def _from_heads(oh: np.ndarray, T: int) -> np.ndarray:
 
 def plain_softmax(qh: np.ndarray, kh: np.ndarray, vh: np.ndarray,
                   limits: np.ndarray) -> np.ndarray:
-    """softmax(qh kh^T) vh per KV head, one full row of scores at a time.
-
-    qh [h, R, D] (already scaled), kh/vh [h, Tk, D], limits [R] (last visible key per row).
-    Returns [h, R, D]. Any leading head count h gives the same bits per head: every step is a
-    per-head GEMM, an elementwise op or a reduction along one row."""
+    """softmax(qh kh^T) vh per KV head, one full row of scores at a time: qh [h, R, D] (scaled),
+    kh/vh [h, Tk, D], limits [R] -> [h, R, D]. Every step is per head, so any h gives the same
+    bits per head."""
     Tk = kh.shape[1]
     s = np.matmul(qh, kh.transpose(0, 2, 1))                         # [h, R, Tk]
     if (limits < Tk - 1).any():
@@ -111,12 +91,10 @@ def online_step(qh: np.ndarray, kt: np.ndarray, vt: np.ndarray, hidden: np.ndarr
     """One tile of the online softmax. qh [..., R, D], kt/vt [..., n, D], m/l [..., R, 1],
     acc [..., R, D]; ``hidden`` broadcasts to the scores [..., R, n] (True = masked key).
 
-    The update (Milakov & Gimelshein 2018; FlashAttention): with m' = max(m, max(s)),
-        l'   = l * exp(m - m') + sum(exp(s - m'))
-        acc' = acc * exp(m - m') + exp(s - m') @ vt
-    Masked keys get score -inf, so exp gives exactly 0 and their V rows (which must be finite:
-    0 * NaN is NaN) add exactly 0. The first tile always holds key 0, which every row sees, so
-    m is finite after it and exp(m - m') never computes inf - inf."""
+    With m' = max(m, max(s)) (Milakov & Gimelshein 2018; FlashAttention):
+        l' = l * exp(m - m') + sum(exp(s - m'))      acc' = acc * exp(m - m') + exp(s - m') @ vt
+    A masked key scores -inf, so it adds exactly 0 (its V rows must be finite: 0 * NaN is NaN).
+    The first tile holds key 0, which every row sees, so m is finite from then on."""
     s = np.matmul(qh, np.swapaxes(kt, -1, -2))                       # [..., R, n]
     if hidden is not None:
         np.copyto(s, -np.inf, where=hidden)
@@ -140,12 +118,9 @@ def online_init(shape_rows: tuple[int, ...], D: int, dtype: np.dtype
 
 def online_softmax(qh: np.ndarray, kh: np.ndarray, vh: np.ndarray, limits: np.ndarray,
                    tile: int) -> np.ndarray:
-    """The same attention as ``plain_softmax`` over tiles of ``tile`` keys (online softmax).
-
-    Every tile is exactly ``tile`` keys wide: the last one is padded with masked keys (K and V
-    of zeros), exactly as the paged kernel treats the unfilled tail of a sequence's last block.
-    Keeping the tile width fixed keeps every GEMM and every row sum the same shape in the oracle
-    and in the paged path, which is what makes bit-for-bit equality possible."""
+    """``plain_softmax`` over tiles of ``tile`` keys. The last tile is padded with masked zero
+    keys, as the paged kernel treats a last block's unfilled tail: every GEMM and row sum keeps
+    one shape in the oracle and the paged path, which makes bit-for-bit equality possible."""
     h, R, D = qh.shape
     Tk = kh.shape[1]
     m, l, acc = online_init((h, R), D, qh.dtype)
@@ -163,14 +138,9 @@ def online_softmax(qh: np.ndarray, kh: np.ndarray, vh: np.ndarray, limits: np.nd
 
 def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float | None = None,
                     causal: bool = True, tile: int | None = None) -> np.ndarray:
-    """Scaled dot-product attention of q over contiguous k, v.
-
-    q [T, H, D]; k, v [Tk, Hkv, D]; returns [T, H, D] in q.dtype.
-    scale: default 1/sqrt(D). causal: query t sees keys 0 .. Tk - T + t (requires T <= Tk);
-    otherwise every query sees every key. tile: None for the plain softmax, n for the online
-    softmax over tiles of n keys (last tile padded with masked keys).
-    Accumulates float16 in float32 (result rounded to float16 once); float32 and float64 in
-    their own precision. Query head h reads KV head h // (H // Hkv)."""
+    """Scaled dot-product attention of q [T, H, D] over contiguous k, v [Tk, Hkv, D]; returns
+    [T, H, D] in q.dtype. scale: default 1/sqrt(D). causal: query t sees keys 0 .. Tk - T + t
+    (T <= Tk), else every key. tile: None for the plain softmax, n for the online softmax."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")

@@ -1,21 +1,16 @@
 """Where the KV cache memory goes: the four categories of the vLLM paper's Figure 2.
 
-Lesson 02 (contiguous cache) and lesson 03 (paged cache) both report memory in these terms, so
-that the two can be compared slot for slot. Read next: ``contiguous/buddy.py``.
-
-Every slot of KV cache memory (one token's K and V, for one layer) is in exactly one category:
+Lessons 02 and 03 report memory in these terms, so a contiguous and a paged cache compare slot
+for slot. Every slot (one token's K and V, one layer) is in exactly one category:
 
     token                   holds the K/V of a token that exists now
     reserved                set aside for a token the request will produce later
-    internal_fragmentation  set aside for the request but will never hold a token
-                            (the request finishes before reaching it)
-    external_fragmentation  free, but not usable: it is not part of the largest free region, so
-                            a contiguous reservation cannot use it (always 0 for a paged cache,
-                            because any free block serves any sequence)
+    internal_fragmentation  set aside for the request, which finishes before using it
+    external_fragmentation  free but unusable for a contiguous reservation (0 when paged)
     free                    free and usable
 
-The paper (section 3, Fig. 2, OPT-13B on ShareGPT) measured that only 20.4% to 38.2% of the KV
-cache held token states in systems that reserve contiguous memory; vLLM reached about 96%.
+The paper (section 3, Fig. 2) measured 20.4-38.2% of the cache holding token states in systems
+that reserve contiguously; vLLM about 96%. Read next: ``contiguous/buddy.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +51,6 @@ class KVUsage:
         return asdict(self)
 
     def __add__(self, other: KVUsage) -> KVUsage:
-        # Summing snapshots is how a simulator builds a time average (divide the fractions
-        # of the sum, not the average of fractions, so that every snapshot weighs the same).
+        # A simulator sums snapshots for a time average in which every snapshot weighs the same.
         a, b = asdict(self), asdict(other)
         return KVUsage(**{k: a[k] + b[k] for k in a})

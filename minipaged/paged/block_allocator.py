@@ -1,25 +1,15 @@
 """Physical blocks, a free list and a reference count per block.
 
-What this teaches: the bottom layer of a paged KV cache. GPU memory for K/V is cut into
-``num_blocks`` equal *physical blocks* of ``block_size`` token slots each (the layout lives in
-``cache_ops.py``). This allocator knows nothing about tokens or sequences: it hands out block ids,
-takes them back, and counts how many users each block has. The count is what makes sharing
-possible later (``sharing/cow.py``: fork and copy-on-write; ``sharing/prefix_cache.py``: prefix
-caching, which also replaces the free list by a queue in eviction order).
+What this teaches: the bottom layer of a paged KV cache (lesson 03). It knows no tokens or
+sequences: it hands out block ids, takes them back and counts each block's users, the count that
+sharing needs later (``sharing/cow.py``). Paper: vLLM sections 4.2 (the free block pool) and 4.4
+(reference counts). Read next: ``paged/block_manager.py``.
 
-Paper: vLLM section 4.2 (KV cache manager: "physical KV blocks ... a free block pool") and 4.4
-(reference counts for sharing). Read next: ``paged/block_manager.py``.
-
-Invariants (``check_invariants`` asserts them; tests/test_block_allocator.py runs it after every
-step of a random walk):
-    * every block is either free (reference count 0, in the free list exactly once) or in use
-      (reference count >= 1, not in the free list);
-    * ``num_free_blocks + blocks in use == num_blocks``;
-    * a call that raises has changed nothing.
-
-There is no cap on a reference count. (A popular interview answer claims vLLM caps shared
-references at 16; neither the paper nor the code does: v0's RefCounter only asserts that a count
-never goes below 0. 16 is vLLM's default *block size*.)
+Invariants (``check_invariants``; tests/test_block_allocator.py after every step): a block is
+free (count 0, in the free list once) or in use (count >= 1, not in the list), so free + in use
+== ``num_blocks``; a call that raises has changed nothing. No count is capped: the claim that
+vLLM caps sharing at 16 is wrong (v0's RefCounter only asserts counts >= 0; 16 is the default
+*block size*).
 """
 
 from __future__ import annotations
@@ -33,21 +23,15 @@ __all__ = ["BlockAllocator", "OutOfBlocksError", "check_int"]
 
 
 class BlockAllocator:
-    """A free list of physical block ids plus one reference count per block.
-
-    The free list is a Python list used as a stack: ``allocate`` pops from the end and freeing
-    pushes onto it. Which free block comes back does not matter for correctness (any block
-    serves any sequence; that is the point of paging), so the simplest order wins. Blocks start
-    in the list in reverse so that a fresh allocator hands out 0, 1, 2, ... which keeps lessons
-    and test failures readable.
-    """
+    """A free list of block ids used as a stack, plus one reference count per block. Any block
+    serves any sequence (the point of paging), so the simplest order wins; the list starts
+    reversed so that a fresh allocator hands out 0, 1, 2, ..., which keeps lessons readable."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = check_int("num_blocks", num_blocks, low=1)
         self._ref: list[int] = [0] * self.num_blocks
         self._free = list(range(self.num_blocks - 1, -1, -1))
 
-    # ---- queries ---------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -63,9 +47,7 @@ class BlockAllocator:
         return check_int("block", block, low=0, high=self.num_blocks)
 
     def _check_blocks(self, blocks: Iterable[object]) -> list[int]:
-        """The ids as a list of ints in [0, NB); an error names the first bad one. (A whole
-        block table is checked on every free and fork: one pass when all are plain ints in
-        range, which they are unless a caller made a mistake.)"""
+        """The ids as a list of ints in [0, NB); an error names the first bad one."""
         ids = list(blocks)
         if all(type(b) is int and 0 <= b < self.num_blocks for b in ids):
             return ids
@@ -93,10 +75,8 @@ class BlockAllocator:
         self.incref_many([self._check_block(block)])
 
     def incref_many(self, blocks: Iterable[int]) -> None:
-        """One more user of each block, all checked first (one call for a whole block table).
-
-        Raising on a free block catches a real bug: sharing a block nobody owns would hand out
-        memory that the free list may give to someone else at the same time."""
+        """One more user of each block, all checked first. Sharing a free block is refused: the
+        free list could hand it to someone else at the same time."""
         ids = self._check_blocks(blocks)
         for b in ids:
             if self._ref[b] == 0:
@@ -107,20 +87,11 @@ class BlockAllocator:
 
     def free(self, block: int) -> None:
         """One user fewer; at reference count 0 the block goes back to the free list."""
-        b = self._check_block(block)
-        if self._ref[b] == 0:
-            raise ValueError(f"block={b} is already free (double free)")
-        self._ref[b] -= 1
-        if self._ref[b] == 0:
-            self._put_free([b])
+        self.free_many([self._check_block(block)])
 
     def free_many(self, blocks: Iterable[int]) -> None:
-        """One user fewer for each block, in order (one call for a whole block table).
-
-        Every id is checked before anything changes: its type and range, and that it has a user
-        left to lose, counting repeats within the call. Freeing a block that is already free is
-        a double free: refused, or the block would sit in the free list twice and later be
-        handed to two sequences at once."""
+        """One user fewer for each block, in order. All are checked first, repeats counted: a
+        double free would put a block in the free list twice, for two sequences at once."""
         ids = self._check_blocks(blocks)
         for b, k in Counter(ids).items():
             if k > self._ref[b]:
@@ -133,8 +104,7 @@ class BlockAllocator:
                 released.append(b)
         self._put_free(released)
 
-    # The free list's two operations, the only thing a subclass with another free structure
-    # (``sharing/prefix_cache.py``: a queue in eviction order) replaces.
+    # The free list's two operations: what ``sharing/prefix_cache.py`` (an LRU queue) replaces.
     def _take_free(self) -> int:
         return self._free.pop()
 

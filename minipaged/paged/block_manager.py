@@ -1,26 +1,18 @@
 """Block tables and slot mapping: the paged block manager (allocate / append_slot / free).
 
-What this teaches: how a sequence's tokens are mapped onto physical blocks. Token position p of
-a sequence lives in *logical block* p // BS at *offset* p % BS; the sequence's *block table* maps
-logical block i to a *physical block* (any free one), and the cache slot that holds the token's
-K/V is ``slot = block_table[p // BS] * BS + p % BS`` (the *slot mapping* that
-``cache_ops.reshape_and_cache`` scatters into). Blocks are taken one at a time, only when the
-last one is full, so a sequence never holds more than BS - 1 unused slots: that bound is the
-whole memory win of paging (vLLM section 4.2, 4.3; the paper measured ~96% of the cache holding
-token states against 20-38% for contiguous reservations).
+What this teaches (lesson 03; vLLM sections 4.2-4.3): token position p lives in logical block
+p // BS at offset p % BS; the *block table* maps logical blocks to any physical blocks, and the
+token's K/V go to slot ``block_table[p // BS] * BS + p % BS`` (the *slot mapping* that
+``cache_ops.reshape_and_cache`` uses). A block is taken only when the last one is full, so a
+sequence never holds more than BS - 1 unused slots. Nothing is shared yet: ``sharing/cow.py``,
+``sharing/prefix_cache.py`` and ``serving/swap.py`` (``minipaged.KVCacheManager``) subclass it.
 
-``rollback(seq_id, n)`` is ``append_slot`` undone n times: speculative decoding gives every
-draft token a slot, the target model verifies them all in one pass, and the rejected ones
-give their slots back (blocks left empty are released).
+``rollback(seq_id, n)`` undoes n appends: the slots of rejected speculative tokens go back
+and blocks left empty are released.
 
-This manager shares nothing: every block belongs to one sequence. The later stages subclass it:
-``sharing/cow.py`` (fork, copy-on-write), ``sharing/prefix_cache.py`` (prefix caching) and
-``serving/swap.py`` (preemption), which is the complete ``minipaged.KVCacheManager``.
-
-Invariants (``check_invariants`` asserts them; tests/test_kv_cache_stateful.py after every step):
+Invariants (``check_invariants``; tests/test_kv_cache_stateful.py after every step):
     1. a live sequence of L tokens has exactly ceil(L / BS) entries in its block table;
-    2. a block's reference count equals the number of table entries pointing at it; here, with
-       no sharing, that is 1 for a block in a table and 0 for a free one;
+    2. a block's reference count equals the table entries pointing at it (here 1 or 0);
     3. free blocks + blocks in use = NB, and freeing every sequence returns the pool to full;
     4. a call that raises (a bad argument, OutOfBlocksError) has changed nothing.
 
@@ -29,6 +21,7 @@ Read before: ``paged/block_allocator.py``. Read next: ``paged/cache_ops.py``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -41,9 +34,8 @@ SeqId = Hashable
 
 
 class BlockManager:
-    """Which physical blocks hold which sequence's tokens. Block ids only: the K/V arrays belong
-    to the caller (``cache_ops`` writes them), as in vLLM, whose block manager runs beside the
-    scheduler while the workers own the cache tensors."""
+    """Which physical blocks hold which sequence's tokens. Block ids only: the caller owns the
+    K/V arrays, as vLLM's workers own the cache tensors its block manager describes."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = check_int("block_size", block_size, low=1)
@@ -51,7 +43,6 @@ class BlockManager:
         self._tables: dict[SeqId, list[int]] = {}  # seq -> physical block of each logical block
         self._tokens: dict[SeqId, list[int]] = {}  # seq -> its token ids so far
 
-    # ---- queries ---------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
         return self.allocator.num_blocks
@@ -125,9 +116,8 @@ class BlockManager:
 
     # ---- allocate / append / free ----------------------------------------------------------
     def allocate(self, seq_id: SeqId, token_ids: Iterable[int]) -> int:
-        """Blocks for a new sequence's prompt. Returns how many prompt tokens already have K/V
-        in the cache: always 0 here (prefix caching, later, returns its hits). The caller
-        computes and writes K/V for positions [returned, len). All or nothing."""
+        """Blocks for a new prompt, all or nothing. Returns how many prompt tokens already have
+        K/V (0 here; prefix caching returns its hits): the caller computes the rest."""
         seq_id = self._check_new("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
         need = cdiv(len(tokens), self.block_size)
@@ -140,7 +130,7 @@ class BlockManager:
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> int:
         """The cache slot for one new token at position ``seq_len``; a new block only when the
-        last one is full. On any error nothing has changed (the token is not appended)."""
+        last one is full. On any error nothing has changed."""
         table = self._table(seq_id)
         token_id = check_int("token_id", token_id, low=0)
         tokens = self._tokens[seq_id]
@@ -153,8 +143,7 @@ class BlockManager:
         return table[-1] * self.block_size + offset
 
     def _before_write(self, table: list[int]) -> None:
-        """A token is about to go into the table's partly filled last block. Nothing to do
-        here, where no block is shared; ``sharing/cow.py`` copies a shared one first."""
+        """A token goes into the partly filled last block (``sharing/cow.py`` copies if shared)."""
 
     def rollback(self, seq_id: SeqId, n: int) -> None:
         """Give back the slots of the sequence's last ``n`` tokens (rejected speculative
@@ -180,19 +169,17 @@ class BlockManager:
         self._release(table)
 
     def _release(self, table: list[int]) -> None:
-        # Tail first: which order the blocks come back in matters once freed blocks keep their
-        # contents for later hits (``sharing/prefix_cache.py``: the tail is evicted first).
+        # Tail first: with prefix caching (``sharing/prefix_cache.py``) the tail is evicted first.
         self.allocator.free_many(reversed(table))
 
     # ---- accounting ------------------------------------------------------------------------
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
         length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
-        *last* block can be partly filled, so the table blocks hold BS token states each minus
-        the empty slots of the distinct partly filled last blocks. A shared block counts once,
-        as in the oracle ``usage_slow``, with its fill the most any table has: a shared block
-        sits at the same position in every table holding it, so when some table holds it but
-        not as a partly filled last block (one sharer rolled back into it), it is full."""
+        last block can be partly filled, at one fill in every table holding it, so the blocks in
+        tables hold BS tokens each minus the empty slots of the distinct last blocks. A shared block
+        that some table holds but not as its partly filled last block (a sharer rolled back
+        into it) is full."""
         bs = self.block_size
         partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
         holders: dict[int, int] = {}  # last block -> tables holding it partly filled
@@ -209,7 +196,7 @@ class BlockManager:
         return self._usage(token, sum(w - f for f, w in partial.values()))
 
     def usage_slow(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
-        """Oracle for ``usage``: the definition, block by block over every table entry."""
+        """Oracle for ``usage``: the definition, block by block (a shared block counts once)."""
         bs, filled, wanted = self.block_size, {}, {}  # block -> most filled / most wanted
         for s, table in self._tables.items():
             n = len(self._tokens[s])
@@ -233,13 +220,9 @@ class BlockManager:
         """Table entries pointing at ``block``: its reference count here."""
         return self.allocator.ref_count(block)
 
-    def _expected_ref_counts(self) -> list[int]:
+    def _expected_ref_counts(self) -> Counter[int]:
         """Invariant 2: per block, the number of table entries pointing at it."""
-        refs = [0] * self.num_blocks
-        for table in self._tables.values():
-            for b in table:
-                refs[b] += 1
-        return refs
+        return Counter(b for table in self._tables.values() for b in table)
 
     def check_invariants(self) -> None:
         """Assert invariants 1-3 of the module docstring (O(NB), for tests)."""

@@ -1,22 +1,13 @@
 """Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
 
-What this teaches: the data side of the paged KV cache (``block_manager.py`` is the bookkeeping
-side). The cache is two arrays, one for K and one for V, each
-
-    key_cache, value_cache: [NB, Hkv, BS, D]   C-contiguous, same dtype
-
-one layout for the whole project, NumPy and CUDA alike. Why this order: a block is the unit of
-allocation, copy and swap, so it comes first and each block is one contiguous chunk (copy-on-
-write and swapping copy whole blocks with one memcpy each); inside a block, heads come before
-tokens so that the decode kernel, which gives one head of one sequence to one thread block,
-reads a [BS, D] tile of one head contiguously. (vLLM additionally splits D of the key cache into
-16-byte vectors, [NB, Hkv, D/x, BS, x]; we keep D whole for readability and say so in the CUDA
-lesson.)
-
-    reshape_and_cache  scatter each new token's K/V [T, Hkv, D] to its slot
-                       (slot = physical_block * BS + offset; a negative slot is padding)
-    copy_blocks        one call for many copy-on-write (src, dst) block pairs (vLLM section 4.4)
-    swap_blocks        block copies between two pools, e.g. GPU <-> CPU (section 4.5)
+What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books). Its
+one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous. The
+block comes first because it is the unit of allocation, copy and swap (one block, one memcpy);
+heads before tokens so that a decode thread block, one per (sequence, head), reads a contiguous
+[BS, D] tile. (vLLM splits the key cache's D into 16-byte vectors; the CUDA lesson says why not.)
+``reshape_and_cache`` scatters new tokens' K/V to their slots (a negative slot is padding);
+``copy_blocks`` does a step's copy-on-write copies (vLLM section 4.4); ``swap_blocks`` copies
+blocks between pools, GPU <-> CPU (section 4.5).
 
 Read before: ``paged/block_manager.py``. Read next: ``paged/paged_attention.py``.
 """
@@ -29,9 +20,8 @@ import numpy as np
 def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
                  names: tuple[str, str] = ("key_cache", "value_cache"),
                  *, writable: bool = False) -> None:
-    """Both caches [NB, Hkv, BS, D], same shape and dtype, NumPy arrays. ``writable``: the
-    caller is about to write them, so both must be writable and must not share memory (with
-    ``key_cache is value_cache`` every value would overwrite its key)."""
+    """Both caches NumPy [NB, Hkv, BS, D], same shape and dtype; ``writable``: about to be
+    written, so writable and not sharing memory (else every value would overwrite its key)."""
     for name, c in zip(names, (key_cache, value_cache)):
         if not isinstance(c, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(c).__name__}")
@@ -51,9 +41,8 @@ def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
 
 def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                       value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Write token t's key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in
-    place. Slots < 0 are padding and skipped (a batch padded to a fixed T does that). Every
-    argument is checked before the first write."""
+    """Write key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in place; a
+    slot < 0 is padding, skipped. Every argument is checked before the first write."""
     check_caches(key_cache, value_cache, writable=True)
     nb, hkv, bs, d = key_cache.shape
     for name, x in (("key", key), ("value", value)):
@@ -74,18 +63,14 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
         raise ValueError(f"slot_mapping.shape={slots.shape} must be [T={key.shape[0]}]")
     valid = slots >= 0
     live = slots[valid].astype(np.int64)
-    if live.size:
-        bad = np.flatnonzero(valid & (slots >= nb * bs))
-        if bad.size:
-            t = int(bad[0])
-            raise ValueError(f"slot_mapping[{t}]={int(slots[t])} is out of range "
-                             f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
-        uniq, counts = np.unique(live, return_counts=True)
-        if (counts > 1).any():
-            dup = int(uniq[counts > 1][0])
-            where = np.flatnonzero(slots == dup).tolist()
-            raise ValueError(f"slot_mapping writes slot {dup} twice (tokens {where}); "
-                             "each token needs its own slot")
+    for t in np.flatnonzero(slots >= nb * bs)[:1]:
+        raise ValueError(f"slot_mapping[{t}]={int(slots[t])} is out of range "
+                         f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
+    uniq, counts = np.unique(live, return_counts=True)
+    for dup in uniq[counts > 1][:1]:
+        where = np.flatnonzero(slots == dup).tolist()
+        raise ValueError(f"slot_mapping writes slot {dup} twice (tokens {where}); "
+                         "each token needs its own slot")
     blocks, offsets = live // bs, live % bs
     # Advanced indices split by a slice put the token axis first: [T', Hkv, D] on both sides.
     key_cache[blocks, :, offsets, :] = key[valid]
@@ -106,7 +91,7 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
                         *, same_pool: bool) -> np.ndarray:
     """``block_mapping`` as int64 [N, 2] of (src, dst); errors name the bad pair."""
     m = np.asarray(block_mapping)
-    if m.size == 0:  # [] has no dtype to speak of; an empty mapping is a valid no-op
+    if m.size == 0:  # [] has no integer dtype, but an empty mapping is a valid no-op
         m = np.zeros((0, 2), dtype=np.int64)
     if m.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer block ids, got dtype {m.dtype}")
@@ -114,30 +99,25 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
         raise ValueError(f"{name} must be (src, dst) pairs, shape [N, 2], got {m.shape}")
     m = m.astype(np.int64)
     for col, label, limit in ((0, "src", num_src), (1, "dst", num_dst)):
-        bad = np.flatnonzero((m[:, col] < 0) | (m[:, col] >= limit))
-        if bad.size:
-            i = int(bad[0])
+        for i in np.flatnonzero((m[:, col] < 0) | (m[:, col] >= limit))[:1]:
             raise ValueError(f"{name}[{i}] = {tuple(m[i].tolist())}: {label} block "
                              f"{int(m[i, col])} is out of range [0, {limit})")
     dst, counts = np.unique(m[:, 1], return_counts=True)
-    if (counts > 1).any():
-        raise ValueError(f"{name} copies into block {int(dst[counts > 1][0])} more than once")
-    if same_pool:
-        both = np.intersect1d(m[:, 0], m[:, 1])
-        if both.size:
-            raise ValueError(f"{name} overlaps: block {int(both[0])} is both a source and a "
-                             "destination, so the result would depend on the copy order")
+    for b in dst[counts > 1][:1]:
+        raise ValueError(f"{name} copies into block {b} more than once")
+    both = np.intersect1d(m[:, 0], m[:, 1]) if same_pool else []
+    for b in both[:1]:
+        raise ValueError(f"{name} overlaps: block {b} is both a source and a "
+                         "destination, so the result would depend on the copy order")
     return m
 
 
 def copy_blocks(key_cache: np.ndarray, value_cache: np.ndarray, block_mapping: object) -> None:
-    """Copy whole blocks src -> dst for every pair, in place: the copy-on-write copies that
-    ``KVCacheManager.take_copies()`` returns, all in one call (vLLM launches one kernel)."""
+    """Copy whole blocks src -> dst for every pair, in place: the copy-on-write copies of
+    ``KVCacheManager.take_copies()`` in one call (vLLM launches one kernel)."""
     check_caches(key_cache, value_cache, writable=True)
     nb = key_cache.shape[0]
     m = check_block_mapping(block_mapping, nb, nb, "block_mapping", same_pool=True)
-    # Fancy indexing on the right makes a copy first; with no block both src and dst the order
-    # of the pairs cannot matter anyway.
     key_cache[m[:, 1]] = key_cache[m[:, 0]]
     value_cache[m[:, 1]] = value_cache[m[:, 0]]
 

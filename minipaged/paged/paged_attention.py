@@ -1,38 +1,22 @@
 """Paged attention: attention that reads K and V through block tables (vLLM paper, section 4.1).
 
-What this teaches: a sequence's KV cache no longer sits in one contiguous array; it is split
-into logical blocks of BS tokens, and ``block_tables[s, i]`` says which physical block of the
-shared pool ``key_cache, value_cache [NB, Hkv, BS, D]`` holds logical block i of sequence s.
-Token position p of sequence s lives in physical block ``block_tables[s, p // BS]`` at slot
-``p % BS``. Attention is unchanged; only the addressing is. Two ways to run it:
+What this teaches (lesson 03): position p of sequence s lives in physical block
+``block_tables[s, p // BS]`` of the pool ``key_cache, value_cache [NB, Hkv, BS, D]``, at slot
+``p % BS``. Attention is unchanged; only the addressing is. ``method="gather"`` fetches each
+sequence's K/V through its table and runs the oracle's kernel: bit for bit
+``dense_attention(q, *gather_kv(...))``. ``method="online"`` walks the table one block at a time
+with the online softmax, as vLLM's CUDA kernel does: bit for bit ``dense_attention(..., tile=BS)``.
+``paged_attention`` is decode (one query per sequence); ``paged_prefill_attention`` takes several
+new tokens per sequence (a prompt, a chunk, the rest after a prefix-cache hit).
 
-    method="gather"  fetch each sequence's logical K/V [Hkv, Tk, D] through its table, then run
-                     the dense oracle's kernel on it. Bit for bit equal to
-                     ``dense_attention(q, *gather_kv(...))``. Simple; costs one copy of K/V.
-    method="online"  never materialise the whole K/V: walk the block table block by block with
-                     the online softmax, as vLLM's CUDA kernel does (one block = one tile).
-                     Bit for bit equal to ``dense_attention(..., tile=BS)``, and within rounding
-                     of the plain oracle.
+Invariants (checked before any arithmetic; tests/test_paged_attention*.py): only the first
+ceil(seq_lens[s] / BS) entries of row s are read; free blocks and slots past seq_lens[s] may hold
+anything, NaN included, without changing an output; moving blocks and rewriting the tables to
+match leaves every output bit-identical.
 
-``paged_attention`` is decode (one new query per sequence); ``paged_prefill_attention`` takes
-several new tokens per sequence (a prompt, a chunk of one, or the rest of a prompt after a
-prefix-cache hit), causal over the cached prefix plus the new tokens.
-
-Invariants (checked before any arithmetic, tested in tests/test_paged_attention*.py):
-* only the first ceil(seq_lens[s] / BS) entries of row s of block_tables are ever read; later
-  entries are padding (-1 by convention, but any value is ignored);
-* free blocks and the slots of a last block beyond seq_lens[s] may hold anything (NaN
-  included) without changing any output: they are never used in arithmetic;
-* moving physical blocks and rewriting the tables to match leaves every output bit-identical.
-
-Why bit-for-bit is possible at all: both methods call the oracle's kernels (``attention.py``)
-with the same per-head shapes as the oracle, so every GEMM, exp and row sum sees the same
-numbers in the same order. That is also why the gather path loops over sequences: each has
-its own Tk, and padding sequences to a common length would change the row sums' shape (NumPy
-sums pairwise, so the order depends on the length) and with it the last bits. Within a
-sequence it is vectorised across heads; the online decode path is vectorised across sequences
-(every sequence's tile is exactly BS keys, so all of them share one shape). No loop runs per
-token anywhere.
+Bit-for-bit needs the oracle's per-head shapes, so the gather path loops over sequences (padding
+them to one length would change the row sums); the online decode path is vectorised across
+sequences, since every tile is exactly BS keys. No loop runs per token.
 
 Read before: ``attention.py``, ``paged/block_manager.py``, ``paged/cache_ops.py``. Read next:
 ``sharing/cow.py`` (stage 4: sharing blocks). The CUDA kernel (``cuda/``, lesson 08) does the
@@ -43,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged._checks import check_block_tables, check_dtype, check_int_array, check_query
+from minipaged._checks import cdiv, check_block_tables, check_dtype, check_int_array, check_query
 from minipaged.attention import (
     _from_heads,
     _to_heads,
@@ -58,14 +42,14 @@ from minipaged.paged.cache_ops import check_caches
 
 METHODS = ("gather", "online")
 
-# The gather path fetches K and V for a few KV heads at a time: about this many bytes of K per
-# chunk, so that K and V of one chunk are still in cache when the GEMMs read them back.
+# The gather path fetches K and V a few KV heads at a time, about this many bytes of K, so they
+# are still in cache when the GEMMs read them (gathering all heads at once measured 2x slower:
+# S=32, H=32, Hkv=8, D=128, BS=16, ctx 4096, float32, one thread).
 GATHER_CHUNK_BYTES = 1 << 20
 
 
 def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
-    # Type, rank, matching shapes and dtypes: the same checks as every cache op. Attention
-    # adds what its arithmetic needs: a float dtype it supports and the one C-contiguous layout.
+    # The checks of every cache op, plus what the arithmetic needs: a float dtype, C order.
     check_caches(key_cache, value_cache)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         check_dtype(name, c.dtype)
@@ -86,11 +70,9 @@ def _check_method(method: str) -> None:
 def _gather_heads(flat: np.ndarray, blocks: np.ndarray, Hkv: int, h0: int, h1: int, L: int,
                   D: int, buf: np.ndarray, acc: np.dtype) -> np.ndarray:
     """K or V of KV heads h0..h1-1 of one sequence: [h1-h0, L, D] in the accumulation dtype.
-
-    ``flat`` is the cache viewed as [NB*Hkv, BS*D]: row b*Hkv + h is head h of physical block b,
-    one contiguous run of BS*D numbers. So the gather is a single np.take of whole rows into a
-    preallocated buffer (no per-token indexing), and the buffer read as [h, nb*BS, D] holds each
-    head's keys in logical order. Slots past L in the last block are sliced off, never used."""
+    ``flat`` is the cache as [NB*Hkv, BS*D], row b*Hkv + h = head h of block b, so the gather is
+    one np.take of whole rows into a reused buffer, which read as [h, nb*BS, D] holds each head's
+    keys in logical order. Slots past L are sliced off, never used."""
     rows = (blocks[None, :] * Hkv + np.arange(h0, h1)[:, None]).ravel()   # [h * nb]
     out = buf[:rows.size]
     np.take(flat, rows, axis=0, out=out, mode="clip")  # rows already validated; "raise" would
@@ -142,14 +124,12 @@ def _tile(cache: np.ndarray, ids: np.ndarray | int, pad: np.ndarray | None,
 
 def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: np.ndarray,
               seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """The logical K and V of one sequence, read through its block table row.
-
-    Returns k, v [Tk, Hkv, D] (Tk = seq_len), copies in the cache's dtype: exactly what a
-    contiguous cache would hold, ready for ``dense_attention``."""
+    """The logical k, v [Tk, Hkv, D] (Tk = seq_len) of one sequence, read through its block
+    table row: copies of what a contiguous cache would hold, ready for ``dense_attention``."""
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     bt, lens = check_block_tables(block_table_row, seq_len, 1, NB, BS, single_row=True)
     L = int(lens[0])
-    blocks = bt[0, :-(-L // BS)]
+    blocks = bt[0, :cdiv(L, BS)]
     k = key_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, Hkv, D)[:L]   # [Tk, Hkv, D]
     v = value_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, Hkv, D)[:L]
     return k, v
@@ -158,53 +138,41 @@ def gather_kv(key_cache: np.ndarray, value_cache: np.ndarray, block_table_row: n
 def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
                     block_tables: np.ndarray, seq_lens: np.ndarray, *,
                     scale: float | None = None, method: str = "gather") -> np.ndarray:
-    """Decode attention: one new query per sequence over its paged K/V.
-
-    query [S, H, D]; key_cache, value_cache [NB, Hkv, BS, D]; block_tables int [S, MB] (padded
-    with -1); seq_lens int [S] (tokens in the cache, the new one included). Returns [S, H, D]
-    in query.dtype. method "gather" equals dense_attention on the gathered K/V bit for bit;
-    "online" equals dense_attention(..., tile=BS) bit for bit."""
+    """Decode attention: one new query per sequence over its paged K/V. query [S, H, D];
+    block_tables int [S, MB] (padded with -1); seq_lens int [S] (the new token included).
+    Returns [S, H, D] in query.dtype."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
-    if not isinstance(query, np.ndarray) or query.ndim != 3:
-        check_query(query, key_cache, 0, "S")                      # raises the right error
+    G = check_query(query, key_cache, None, "S")
     S = query.shape[0]
-    G = check_query(query, key_cache, S, "S")
     bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     check_scale(scale)
+    if method == "gather" or S == 0:  # a prefill of one new token per sequence
+        return _per_sequence(query, key_cache, value_cache, bt, lens, np.ones(S, int), scale,
+                             method)
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
-    if S == 0:
-        return np.empty_like(query)
-    qh = _to_heads(query.reshape(1, S * Hkv * G, D), S * Hkv, scale, acc)  # [S*Hkv, G, D]
+    qh = _to_heads(query.reshape(1, S * Hkv * G, D), S * Hkv, scale, acc)
     qh = qh.reshape(S, Hkv, G, D)          # elementwise scaling: same bits as per sequence
-    nblocks = -(-lens // BS)                                               # [S]
-    if method == "gather":
-        oh = np.empty_like(qh)
-        bufs = _gather_buffers(key_cache, int(nblocks.max()))
-        for s in range(S):  # one iteration per sequence: each has its own Tk (see docstring)
-            L = int(lens[s])
-            oh[s] = _gather_attention(qh[s], key_cache, value_cache, bt[s, :nblocks[s]], L,
-                                      row_limits(1, L, G, True), bufs)
-    else:
-        # Walk logical block j of every sequence at once. Sequences are visited longest first,
-        # so the ones that still have a block j are a prefix [:n] (views, no fancy indexing).
-        order = np.argsort(-nblocks, kind="stable")
-        qs, bts, ls, nbs = qh[order], bt[order], lens[order], nblocks[order]
-        m, l, o = online_init((S, Hkv, G), D, acc)
-        offsets = np.arange(BS)
-        for j in range(int(nbs[0])):  # one iteration per logical block, never per token
-            n = int(np.searchsorted(-nbs, -j, side="left"))          # sequences with nbs > j
-            hidden = (j * BS + offsets)[None, :] >= ls[:n, None]     # [n, BS] past seq_len
-            pad = hidden.any()
-            kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
-            vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
-            m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
-                                              hidden[:, None, None, :] if pad else None,
-                                              m[:n], l[:n], o[:n])
-        o /= l
-        oh = np.empty_like(o)
-        oh[order] = o
+    # Walk logical block j of every sequence at once, longest first, so the sequences that
+    # still have a block j are a prefix [:n] (views, no fancy indexing).
+    nblocks = cdiv(lens, BS)                                               # [S]
+    order = np.argsort(-nblocks, kind="stable")
+    qs, bts, ls, nbs = qh[order], bt[order], lens[order], nblocks[order]
+    m, l, o = online_init((S, Hkv, G), D, acc)
+    offsets = np.arange(BS)
+    for j in range(int(nbs[0])):  # one iteration per logical block, never per token
+        n = int(np.searchsorted(-nbs, -j, side="left"))          # sequences with nbs > j
+        hidden = (j * BS + offsets)[None, :] >= ls[:n, None]     # [n, BS] past seq_len
+        pad = hidden.any()
+        kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+        vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
+        m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
+                                          hidden[:, None, None, :] if pad else None,
+                                          m[:n], l[:n], o[:n])
+    o /= l
+    oh = np.empty_like(o)
+    oh[order] = o
     return oh.reshape(S, Hkv * G, D).astype(query.dtype, copy=False)
 
 
@@ -213,34 +181,38 @@ def paged_prefill_attention(query: np.ndarray, key_cache: np.ndarray, value_cach
                             query_lens: np.ndarray, *, scale: float | None = None,
                             method: str = "gather") -> np.ndarray:
     """Ragged prefill: query_lens[s] new tokens of sequence s attend causally over its cached
-    prefix plus themselves.
-
-    query [T, H, D] packs the new tokens sequence by sequence (T = sum(query_lens)); their K/V
-    are already in the cache, and seq_lens [S] counts them, so query row i of sequence s is
-    token position seq_lens[s] - query_lens[s] + i. Returns [T, H, D] in query.dtype, equal bit
-    for bit to dense_attention on each sequence's gathered K/V (tile=BS for "online")."""
+    prefix and themselves. query [T, H, D] packs them sequence by sequence (T = sum(query_lens));
+    their K/V are in the cache and seq_lens [S] counts them. Returns [T, H, D] in query.dtype."""
     _check_method(method)
     NB, Hkv, BS, D = _check_caches(key_cache, value_cache)
     qlens = check_int_array("query_lens", query_lens, 1)
     S = qlens.shape[0]
     for s in np.flatnonzero(qlens < 1)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]}; every sequence needs at least 1 new token")
-    G = check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
+    check_query(query, key_cache, int(qlens.sum()), "T=sum(query_lens)")
     bt, lens = check_block_tables(block_tables, seq_lens, S, NB, BS)
     for s in np.flatnonzero(qlens > lens)[:1]:
         raise ValueError(f"query_lens[{s}]={qlens[s]} > seq_lens[{s}]={lens[s]}; seq_lens "
                          "must count the new tokens too")
     check_scale(scale)
+    return _per_sequence(query, key_cache, value_cache, bt, lens, qlens, scale, method)
+
+
+def _per_sequence(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                  bt: np.ndarray, lens: np.ndarray, qlens: np.ndarray, scale: float | None,
+                  method: str) -> np.ndarray:
+    """Checked inputs, one sequence at a time: ragged query lengths give each its own shapes."""
+    _, Hkv, BS, D = key_cache.shape
+    G = query.shape[1] // Hkv
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
     out = np.empty_like(query)
-    if S == 0:
+    if qlens.size == 0:
         return out
-    nblocks = -(-lens // BS)
+    nblocks = cdiv(lens, BS)
     starts = np.concatenate([[0], np.cumsum(qlens)])
     bufs = _gather_buffers(key_cache, int(nblocks.max())) if method == "gather" else None
-    # One iteration per sequence: ragged query lengths give every sequence its own GEMM shape.
-    for s in range(S):
+    for s in range(qlens.size):
         T, L, nb = int(qlens[s]), int(lens[s]), int(nblocks[s])
         qh = _to_heads(query[starts[s]:starts[s + 1]], Hkv, scale, acc)       # [Hkv, G*T, D]
         limits = row_limits(T, L, G, True)                                     # [G*T]

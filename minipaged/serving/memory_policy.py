@@ -1,34 +1,16 @@
 """What the scheduler needs from a KV cache, and adapters for the paged and contiguous caches.
 
-What this teaches: the scheduler (``scheduler.py``) decides *who* runs; a memory policy decides
-*whether there is room*. Keeping the two apart is what lets one scheduler compare vLLM's paged
-cache with the Orca baselines slot for slot (paper section 6.1): same requests, same FCFS order,
-same preemption rules; only the memory differs.
+What this teaches (lesson 06): the scheduler decides *who* runs, a memory policy *whether there is
+room*, so one scheduler compares vLLM's paged cache with the Orca baselines (paper section 6.1):
+same requests, same order, same preemption rules; only the memory differs.
 
 Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 
-The interface (``MemoryPolicy``), in vLLM's words:
-
-    refusal(width, final_len)  why a request could never run to its end, even alone in an
-                          empty cache (None: it can); such a request is refused up front
-    admit(ids, tokens, final_len)  memory for sequences about to be prefilled (a new prompt,
-                          or prompt + generated tokens after a recompute); all or nothing;
-                          the tokens already cached per sequence (prefix caching), or None
-    can_append(ids)       room for one more token in every one of ``ids`` (a group is checked
-                          before any of it is appended: all or nothing); then append_slot
-    fork / free           copy-on-write sharing of a parent's blocks; release a sequence
-    swap_out / swap_in    preemption by swapping (paged only), block mappings returned
-    usage(...)            the paper's four categories of KV memory, now
-
-Paged (``PagedPolicy``) is a thin layer over ``KVCacheManager`` plus vLLM's *watermark*: a new
-request is admitted only if a few free blocks (1% by default) remain afterwards, so that running
-sequences can still grow for a while without being preempted at once (vLLM v0,
-``vllm/core/block_manager_v1.py``, ``watermark_blocks``).
-
-Contiguous (``ContiguousPolicy``, the Orca baselines) reserves each request's region at admission
-for its whole final length, so decoding never runs out and never preempts: the waste is paid up
-front instead. It keeps accounting only (``store_kv=False``). It cannot share memory between
-sequences, so parallel sampling and beam search run with the paged policy only.
+The interface is ``MemoryPolicy``, one line per method. ``PagedPolicy`` wraps
+``KVCacheManager`` with vLLM's *watermark*: admit only while a few free blocks (1%) remain, so
+running sequences can grow before anyone is preempted (vLLM v0, ``vllm/core/block_manager_v1.py``,
+``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves each request's whole final length at
+admission, so it never preempts and cannot share; it keeps accounting only (``store_kv=False``).
 """
 
 from __future__ import annotations
@@ -45,30 +27,40 @@ SeqId = Hashable
 
 
 class MemoryPolicy(ABC):
-    """Base class: the scheduler's view of a KV cache. See the module docstring."""
+    """The scheduler's view of a KV cache; swap_out / swap_in exist where can_swap_out can say
+    True (paged only) and return the block mappings to copy."""
 
     name = "abstract"
     supports_sharing = False
 
     @abstractmethod
-    def refusal(self, width: int, final_len: int) -> str | None: ...
+    def refusal(self, width: int, final_len: int) -> str | None:
+        """Why a request could never run to its end, even alone in an empty cache (or None)."""
 
     @abstractmethod
     def admit(self, seq_ids: list[SeqId], token_ids: list[list[int]],
-              final_len: int) -> list[int] | None: ...
+              final_len: int) -> list[int] | None:
+        """Memory for sequences about to be prefilled, all or nothing: per sequence the tokens
+        already cached (prefix caching), or None when there is no room."""
 
     @abstractmethod
-    def can_append(self, seq_ids: list[SeqId]) -> bool: ...
+    def can_append(self, seq_ids: list[SeqId]) -> bool:
+        """Room for one more token in each of ``seq_ids`` (a whole group, before any append)."""
 
     @abstractmethod
     def append_slot(self, seq_id: SeqId, token_id: int) -> None: ...
 
     @abstractmethod
-    def free(self, seq_id: SeqId) -> None: ...
+    def free(self, seq_id: SeqId) -> None:
+        """Release a sequence (finished, dropped or preempted by recompute)."""
+
+    def no_sharing(self) -> str:
+        return (f"the {self.name} policy cannot share memory between sequences "
+                "(parallel sampling and beam search need --policy paged)")
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
-        raise ValueError(f"the {self.name} policy cannot share memory between sequences "
-                         f"(parallel sampling and beam search need --policy paged)")
+        """The child shares the parent's memory (copy-on-write)."""
+        raise ValueError(self.no_sharing())
 
     def take_copies(self) -> list[tuple[int, int]]:
         return []
@@ -77,7 +69,8 @@ class MemoryPolicy(ABC):
         return False  # so swap_out and the swap-in methods are never called
 
     @abstractmethod
-    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage: ...
+    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
+        """The paper's four categories of KV memory, now."""
 
     @abstractmethod
     def blocks_in_use(self) -> int:
@@ -105,16 +98,10 @@ class PagedPolicy(MemoryPolicy):
         self.block_size = manager.block_size
         self.watermark_blocks = int(watermark * manager.num_blocks)
         self.name = f"paged (block {manager.block_size})"
-        # The GPU blocks a swapped-out group held (``swap_out`` returns one pair per block, a
-        # block shared inside the group once), by sequence: ``can_swap_in`` needs them back.
-        self._swapped_blocks: dict[SeqId, int] = {}
-
-    def _blocks(self, lens: list[int]) -> int:
-        return sum(cdiv(n, self.block_size) for n in lens)
 
     def refusal(self, width, final_len):
         # The worst case: every sequence at its final length, sharing nothing (a recompute
-        # re-prefills each sequence on its own), admitted with the watermark still free.
+        # re-prefills each one on its own), admitted with the watermark still free.
         need = width * cdiv(final_len, self.block_size)
         room = self.manager.num_blocks - self.watermark_blocks
         if need <= room:
@@ -125,9 +112,9 @@ class PagedPolicy(MemoryPolicy):
 
     def admit(self, seq_ids, token_ids, final_len):
         m = self.manager
-        # Without prefix caching the exact need is known; with it, hits only lower the need,
-        # so try and let the manager refuse (all or nothing) if the estimate was too high.
-        need = self._blocks([len(t) for t in token_ids])
+        # Without prefix caching the need is exact; with it, hits only lower it, so allocate and
+        # let the manager refuse (all or nothing).
+        need = sum(cdiv(len(t), self.block_size) for t in token_ids)
         if not m.enable_prefix_caching and m.num_free_blocks - need < self.watermark_blocks:
             return None
         cached: list[int] = []
@@ -135,20 +122,17 @@ class PagedPolicy(MemoryPolicy):
             for sid, toks in zip(seq_ids, token_ids):
                 cached.append(m.allocate(sid, toks))
         except OutOfBlocksError:
-            for sid in seq_ids[:len(cached)]:  # all or nothing: give back what was taken
-                m.free(sid)
-            return None
-        if m.num_free_blocks < self.watermark_blocks:  # a prefix-cache admission went too far
-            for sid in seq_ids:
-                m.free(sid)
-            return None
-        return cached
+            pass
+        if len(cached) == len(seq_ids) and m.num_free_blocks >= self.watermark_blocks:
+            return cached
+        for sid in seq_ids[:len(cached)]:  # all or nothing (and the watermark kept free)
+            m.free(sid)
+        return None
 
     def can_append(self, seq_ids):
         # vLLM v0's rule (``block_manager_v1.py``, ``can_append_slots``): one free block per
-        # sequence is enough, since a token takes at most one new block (a full last block, or
-        # a shared one copied on write). vLLM stops there and preempts; here the manager's
-        # exact count gets the last word (a sequence whose last block has room needs none).
+        # sequence is enough (a token takes at most one new block). Where vLLM would preempt,
+        # the manager's exact count gets the last word (a last block with room needs none).
         m = self.manager
         return len(seq_ids) <= m.num_free_blocks or m.can_append_slots(seq_ids)
 
@@ -159,7 +143,6 @@ class PagedPolicy(MemoryPolicy):
         self.manager.fork(parent_id, child_id)
 
     def free(self, seq_id):
-        self._swapped_blocks.pop(seq_id, None)
         self.manager.free(seq_id)
 
     def take_copies(self):
@@ -169,15 +152,13 @@ class PagedPolicy(MemoryPolicy):
         return self.manager.can_swap_out(seq_ids)  # False without a CPU pool, or a full one
 
     def swap_out(self, seq_ids):
-        mapping = self.manager.swap_out(seq_ids)
-        for sid in seq_ids:
-            self._swapped_blocks[sid] = len(mapping)
-        return mapping
+        return self.manager.swap_out(seq_ids)
 
     def _swap_in_need(self, seq_ids) -> int:
         # vLLM v0's conservative rule (block_manager_v1.py, ``can_swap_in``): the group's blocks
         # plus one new block per sequence, which it may take right after coming back.
-        return self._swapped_blocks[seq_ids[0]] + len(seq_ids) + self.watermark_blocks
+        blocks = {c for sid in seq_ids for c in self.manager.cpu_block_table(sid)}
+        return len(blocks) + len(seq_ids) + self.watermark_blocks
 
     def can_swap_in(self, seq_ids):
         return self._swap_in_need(seq_ids) <= self.manager.num_free_blocks
@@ -186,8 +167,6 @@ class PagedPolicy(MemoryPolicy):
         return self._swap_in_need(seq_ids) <= self.manager.num_blocks
 
     def swap_in(self, seq_ids):
-        for sid in seq_ids:
-            del self._swapped_blocks[sid]
         return self.manager.swap_in(seq_ids)
 
     def usage(self, final_lens, next_final_len):
@@ -221,7 +200,7 @@ class ContiguousPolicy(MemoryPolicy):
     def refusal(self, width, final_len):
         c = self.cache
         if width > 1:
-            return f"the {self.name} policy cannot share memory between sequences"
+            return self.no_sharing()
         if final_len > c.max_seq_len:
             return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
         # A reservation never exceeds max_seq_len, which the cache checked against num_slots.
@@ -229,7 +208,7 @@ class ContiguousPolicy(MemoryPolicy):
 
     def admit(self, seq_ids, token_ids, final_len):
         if len(seq_ids) != 1:
-            self.fork(seq_ids[0], seq_ids[1])  # raises: no sharing, no multi-sequence groups
+            raise ValueError(self.no_sharing())
         n = len(token_ids[0])
         if not self.cache.can_reserve(n, final_len):
             return None

@@ -1,24 +1,11 @@
 """Requests in, tokens out: the queues of continuous batching and the contract of one step.
 
-What this teaches: iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper section
-2.3). Requests do not wait for a batch to finish: between any two steps a request
-can join (``add_request``) and a sequence can leave (``update``, ``finish_seq``). A request is
-a *sequence group* (``sharing/sequence.py``) that lives in exactly one queue at a time:
-
-    waiting   arrived, holds no memory (never admitted, or preempted by recompute)
-    running   holds KV memory on the GPU; prefilling or decoding
-    swapped   preempted by swap: its blocks wait in the CPU pool
-    finished  every sequence reached its length (or was ended early by the executor)
-    rejected  refused up front: it could never run to its end, even alone (``rejections``)
-
-One step is a contract between the scheduler and an *executor* (the simulator's cost model, or
-a real model): the scheduler's plan (``SchedulerOutput``: prefill chunks, decodes, blocks to
-swap and copy), the executor's answer (``StepResult``: how long it took, the sampled tokens),
-and ``update``, which appends each sampled token, forks a sequence that sampled several
-(parallel sampling, beam search: the children share its blocks, copy-on-write) and frees the
-sequences that are done. In vLLM v0 that last part is the output processor's job
-(``vllm/engine/output_processor/single_step.py``); here it is a method, so that one class owns
-every queue. Which group runs, and who is preempted, is ``scheduler.py``'s business.
+What this teaches (lesson 06): iteration-level batching (Orca, Yu et al., OSDI 2022; vLLM paper
+section 2.3): between two steps a request can join and a sequence can leave. Each group is in one
+queue: waiting (no memory), running, swapped, finished or rejected (``rejections`` says why). A
+step is a contract with an *executor* (cost model or model): the plan (``SchedulerOutput``), the
+answer (``StepResult``), and ``update``, which appends tokens, forks a sequence that sampled
+several and frees the finished (in vLLM v0, ``vllm/engine/output_processor/single_step.py``).
 
 Read next: ``serving/scheduler.py``.
 """
@@ -56,8 +43,7 @@ class SchedulerConfig:
         b = check_int("max_num_batched_tokens", self.token_budget, low=1)
         if not self.chunked_prefill and b < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={b} must be >= max_model_len="
-                             f"{self.max_model_len} without chunked prefill (a whole prompt "
-                             "is one step)")
+                             f"{self.max_model_len} without chunked prefill (a prompt is a step)")
 
     @property
     def token_budget(self) -> int:
@@ -68,9 +54,8 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
-    """One step's plan. Apply data movement in this order: swap-outs, swap-ins, copies (CoW),
-    then write the step's new K/V. ``sampled``: the sequences that get a new token, in the
-    order of ``StepResult.samples`` (finishing prefill chunks first, then decodes)."""
+    """One step's plan; data moves in this order: swap-outs, swap-ins, copies, the new K/V.
+    ``sampled``: who gets a new token, in ``StepResult.samples`` order (prefills, decodes)."""
 
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)  # each computes its last token
@@ -93,17 +78,15 @@ class SchedulerOutput:
 
 @dataclass
 class StepResult:
-    """``samples[i]`` is for ``out.sampled[i]``: the next token, or a list of tokens (the
-    sequence continues with the first, each further one forks it: parallel sampling, beam
-    search; an empty list drops it: a beam that lost)."""
+    """``samples[i]`` is for ``out.sampled[i]``: the next token, or a list (the sequence goes on
+    with the first, each further one forks it; an empty list drops it: a beam that lost)."""
 
     duration_s: float
     samples: list
 
 
 class RequestQueues:
-    """The queues, requests joining them, and a step's results applied. ``Scheduler`` adds
-    ``schedule()``."""
+    """The queues, requests joining them, a step's results applied; ``Scheduler`` adds the rest."""
 
     def __init__(self, policy: MemoryPolicy, config: SchedulerConfig | None = None) -> None:
         self.policy = policy
@@ -119,9 +102,8 @@ class RequestQueues:
 
     def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
                     arrival_s: float = 0.0, n: int = 1, beam_width: int = 1) -> SequenceGroup:
-        """Queue one request; every argument is checked first, so a refused call queues
-        nothing. A request that could never run to its end, even alone in an empty cache (the
-        policy's ``refusal``, or wider than ``max_num_seqs``), comes back ``rejected``."""
+        """Queue one request (a bad argument queues nothing). One that could never run to its
+        end, even alone in an empty cache (``refusal``), comes back ``rejected``."""
         cfg, where = self.config, f"request {request_id!r}"
         try:
             prompt = check_token_ids("prompt_token_ids", prompt_token_ids)
@@ -137,9 +119,7 @@ class RequestQueues:
         if n > 1 and beam_width > 1:
             raise ValueError(f"{where}: n={n}, beam_width={beam_width}: at most one of them > 1")
         if (n > 1 or beam_width > 1) and not self.policy.supports_sharing:
-            raise ValueError(f"{where}: the {self.policy.name} policy cannot share memory "
-                             "between sequences (parallel sampling and beam search need "
-                             "--policy paged)")
+            raise ValueError(f"{where}: {self.policy.no_sharing()}")
         if self.waiting and arrival_s < self.waiting[-1].arrival_s:
             raise ValueError(f"{where}: arrival_s={arrival_s} is before the last waiting "
                              f"request's {self.waiting[-1].arrival_s}: add requests in "
@@ -158,8 +138,8 @@ class RequestQueues:
         return g
 
     def refusal(self, width: int, final_len: int) -> str | None:
-        """Why a request of ``width`` sequences ending with ``final_len`` tokens with K/V could
-        never run to its end, even alone in an empty cache; None when it can."""
+        """Why ``width`` sequences of ``final_len`` tokens with K/V could never run to their
+        end, even alone in an empty cache (the policy's reason, or ``max_num_seqs``); or None."""
         reason = self.policy.refusal(width, final_len)
         if reason is None and width > self.config.max_num_seqs:
             reason = f"runs {width} sequences at once but max_num_seqs={self.config.max_num_seqs}"
@@ -212,31 +192,28 @@ class RequestQueues:
                 tokens.append(toks[0])
             if len(tokens) >= s.stop_len:
                 finished.append(s)
-        done = [s.group for s in finished if self._end_seq(s, now)]
+        return self._finish(finished, now)
+
+    def _finish(self, seqs: list[Sequence], now: float) -> list[SequenceGroup]:
+        """Free finished sequences; returns the groups they were the last of."""
+        done = []
+        for s in seqs:
+            g = s.group
+            self.policy.free(s.seq_id)
+            g.seqs.remove(s)
+            if self.config.keep_outputs:
+                g.outputs.append(s.token_ids)
+            if not g.seqs:
+                g.status, g.finish_s = FINISHED, now
+                done.append(g)
         if done:
             self.running = [g for g in self.running if g.status == RUNNING]
             self.finished += done
         return done
 
-    def _end_seq(self, s: Sequence, now: float) -> bool:
-        g = s.group
-        self.policy.free(s.seq_id)
-        g.seqs.remove(s)
-        if self.config.keep_outputs:
-            g.outputs.append(s.token_ids)
-        if not g.seqs:
-            g.status, g.finish_s = FINISHED, now
-            return True
-        return False
-
     def finish_seq(self, s: Sequence, now: float) -> bool:
-        """End a running sequence before its output length (an end-of-sequence token, a stop
-        string: the executor's decision), exactly as ``update`` ends one that reached it.
-        Returns True when that finished its whole group."""
+        """End a running sequence early (an end-of-sequence token, a stop string: the executor
+        decides) as ``update`` ends one at its length; True when that finished its group."""
         if s.group.status != RUNNING or s not in s.group.seqs:
             raise ValueError(f"{s!r} is not a running sequence")
-        if not self._end_seq(s, now):
-            return False
-        self.running = [g for g in self.running if g is not s.group]
-        self.finished.append(s.group)
-        return True
+        return bool(self._finish([s], now))

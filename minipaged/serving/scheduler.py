@@ -1,39 +1,20 @@
 """Iteration-level scheduling with preemption: who runs this step, and who gives up memory.
 
-What this teaches: vLLM's scheduler (paper section 4.5). Every step (one forward pass) it
-    1. admits waiting requests first-come-first-served while memory allows, keeping a small
-       watermark of free blocks (``memory_policy.py``);
-    2. gives every running sequence a slot for one more token (one decode step each);
-    3. when a sequence cannot get a slot, *preempts* the most recently arrived sequence group,
-       all or nothing (its samples / beams share blocks: evicting part of it frees little), by
-       **swapping** its blocks to a CPU pool or dropping them to **recompute** the tokens later
-       as one prefill (the default, as in recent vLLM); swapped groups come back before any
-       new admission.
-Optional chunked prefill caps the tokens of a step (``max_num_batched_tokens``) and splits long
-prompts over several steps, decodes first. It is not in the paper: it comes from Sarathi
-(Agrawal et al., arXiv 2308.16369) and is vLLM's ``enable_chunked_prefill`` option.
+What this teaches (lesson 06; vLLM paper, section 4.5). Every step it admits waiting requests
+first-come-first-served while memory allows; gives every running sequence a slot for one more
+token; and when one cannot get it, preempts the newest group, all or nothing, by swapping or
+(the default, as in recent vLLM) recomputing; swapped groups come back before new admissions.
+Chunked prefill (Sarathi, arXiv 2308.16369; vLLM's ``enable_chunked_prefill``) caps a step's
+tokens and splits long prompts over steps, decodes first.
 
-``schedule()`` returns a ``SchedulerOutput`` (prefill chunks, decodes, blocks to copy / swap,
-preempted groups); an *executor* (the simulator's cost model, or a model) runs it and returns a
-``StepResult``; ``update()`` applies it (``queues.py``, with the queues themselves).
+Progress is a property: a request that could not finish even alone is refused up front
+(``queues.py``; vLLM v0 checks the prompt only: ``vllm/core/scheduler.py``), so the oldest
+group can always grow and finish; a group that could never be swapped back in is recomputed; a
+step with nothing to do while requests remain raises ``NoProgressError``.
 
-Progress is a property, not luck. Three rules make every run finish:
-    * ``add_request`` refuses up front (status ``rejected``, the reason in ``rejections``) a
-      request that could not run to its end even alone in an empty cache: the policy's
-      ``refusal`` counts every sequence at its final length, sharing nothing. So the oldest
-      running group can always grow, preempting newer ones if it must, and finishes; then the
-      next oldest; and so on. (vLLM v0 refuses by the prompt's length only, and gives up on a
-      swapped group that can never come back: ``vllm/core/scheduler.py``,
-      ``infeasible_seq_groups``.)
-    * A group that, swapped out, could never be swapped back in (its blocks plus a slot per
-      sequence exceed the pool: ``can_ever_swap_in``) is recomputed instead of swapped.
-    * A step with nothing to do while requests remain raises ``NoProgressError``, naming the
-      group and the numbers, instead of spinning; the executors check the same thing.
-
-Invariants (asserted by tests/test_scheduler_stateful.py): every request is in exactly one
-place (waiting, running, swapped, finished, rejected); each queue is in arrival order and
-admission is FCFS; a preempted group resumes with exactly its token streams; once everything
-has finished, the cache is empty again.
+Invariants (tests/test_scheduler_stateful.py): every request is in exactly one place; each queue
+is in arrival order and admission is FCFS; a preempted group resumes with its token streams; at
+the end the cache is empty again.
 
 Read next: ``sim/simulator.py``.
 """
@@ -41,6 +22,7 @@ Read next: ``sim/simulator.py``.
 from __future__ import annotations
 
 import bisect
+from operator import attrgetter
 
 from minipaged.serving.memory_policy import MemoryPolicy
 
@@ -60,8 +42,9 @@ from minipaged.sharing.sequence import (  # noqa: F401
     PrefillChunk,
     Sequence,
     SequenceGroup,
-    _order,
 )
+
+BY_ARRIVAL = attrgetter("order")  # every queue is kept in arrival order
 
 
 class NoProgressError(RuntimeError):
@@ -151,7 +134,7 @@ class Scheduler(RequestQueues):
             self.swapped.pop(0)
             g.status = RUNNING
             # Not always newest: a recomputed older group may have been re-admitted meanwhile.
-            bisect.insort(self.running, g, key=_order)
+            bisect.insort(self.running, g, key=BY_ARRIVAL)
             for s in g.seqs:
                 self.policy.append_slot(s.seq_id, s.token_ids[-1])
             out.decodes += g.seqs
@@ -178,7 +161,7 @@ class Scheduler(RequestQueues):
                 break
             self.waiting.popleft()
             g.status = RUNNING
-            bisect.insort(self.running, g, key=_order)  # after a recompute: not the newest
+            bisect.insort(self.running, g, key=BY_ARRIVAL)  # after a recompute: not the newest
             num_seqs += max(g.width, len(g.seqs))
             for s, c in zip(g.seqs, cached):
                 s.num_computed, s.prefilling = c, True
@@ -200,7 +183,7 @@ class Scheduler(RequestQueues):
             if self.policy.can_ever_swap_in(ids):
                 out.blocks_to_swap_out += mapping
                 g.status = SWAPPED
-                bisect.insort(self.swapped, g, key=_order)
+                bisect.insort(self.swapped, g, key=BY_ARRIVAL)
                 out.preempted.append((g, "swap"))
                 self.num_swapped_out += 1
                 return
@@ -210,7 +193,7 @@ class Scheduler(RequestQueues):
             self.policy.free(s.seq_id)
             s.num_computed, s.prefilling = 0, True
         g.status = WAITING
-        bisect.insort(self.waiting, g, key=_order)  # back at its arrival position
+        bisect.insort(self.waiting, g, key=BY_ARRIVAL)  # back at its arrival position
         out.preempted.append((g, "recompute"))
         self.num_recomputed += 1
 

@@ -1,34 +1,24 @@
 """Preemption: swap a sequence group's blocks to a CPU block pool, or drop them to recompute.
 
-What this teaches: what vLLM does when the GPU runs out of blocks mid-generation (paper section
-4.5). It preempts whole *sequence groups* (all samples or beams of one request: they share
-blocks, so evicting only some would free little and strand the rest) and recovers them later in
-one of two ways:
+What this teaches (lesson 06; vLLM paper, section 4.5): out of GPU blocks mid-generation, vLLM
+preempts whole groups and later recovers them by **swap** (copy the blocks to a CPU pool, free
+them, copy them back into fresh GPU blocks: PCIe copies, many small ones when blocks are small,
+Fig. 19) or **recompute** (free them, keep the tokens, re-run them as one prefill: the only way
+vLLM v1 preempts). ``KVCacheManager`` (``minipaged.KVCacheManager``) keeps the block ids, with a
+plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the host arrays and copies
+with ``cache_ops.swap_blocks``. A step moves data in this order: swap-outs, swap-ins, copies,
+the step's K/V (a swap-out reads its blocks before a swap-in may reuse them).
 
-    swap        copy the group's blocks to a pool of CPU blocks, free the GPU blocks; later
-                allocate GPU blocks again and copy back. Costs PCIe bandwidth, many small copies
-                when blocks are small (the paper's Fig. 19).
-    recompute   free the GPU blocks and remember the tokens; later re-run them as one prefill.
-                Costs compute, independent of the block size. vLLM v1 preempts this way only.
-
-``KVCacheManager`` (the last block-manager stage, ``minipaged.KVCacheManager``) adds the
-block-id side, with a plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the
-host arrays in the GPU cache's [NB, Hkv, BS, D] layout and moves data with
-``cache_ops.swap_blocks``. The scheduler decides *when*; a step's data moves in this order:
-swap-outs, swap-ins, copy-on-write copies (``take_copies``), then the step's new K/V (a swap-out
-reads its blocks before a swap-in in the same step may reuse them).
-
-Invariants (``check_invariants``): a sequence is either on the GPU (a table of GPU blocks) or
-swapped out (a table of CPU blocks), never both; CPU reference counts equal the CPU table entries
-pointing at them; a swap moves a group all or nothing (an error leaves every table as it was).
-With prefix caching, a swapped sequence keeps its hashes, and its full blocks are cached again
-when it comes back.
+Invariants (``check_invariants``): a sequence is on the GPU or swapped, never both; CPU reference
+counts equal the CPU table entries; a swap moves a group all or nothing. With prefix caching a
+swapped sequence keeps its hashes, and its full blocks are cached again when it comes back.
 
 Read before: ``sharing/prefix_cache.py``. Read next: ``serving/memory_policy.py``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable
 
 import numpy as np
@@ -53,7 +43,6 @@ class KVCacheManager(PrefixCachingBlockManager):
         self.cpu_allocator = BlockAllocator(n) if n else None
         self._swapped: dict[Hashable, list[int]] = {}  # seq -> CPU block per logical block
 
-    # ---- queries ---------------------------------------------------------------------------
     @property
     def num_free_cpu_blocks(self) -> int:
         return 0 if self.cpu_allocator is None else self.cpu_allocator.num_free_blocks
@@ -91,7 +80,6 @@ class KVCacheManager(PrefixCachingBlockManager):
         blocks = {c for s in seq_ids for c in self.cpu_block_table(s)}
         return len(blocks) <= self.num_free_blocks
 
-    # ---- preemption ------------------------------------------------------------------------
     def swap_out(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
         """Move a group's blocks to the CPU pool. Returns the (gpu_block, cpu_block) pairs the
         caller copies (``CPUBlockPool.copy_out``); a block shared inside the group moves once."""
@@ -103,42 +91,30 @@ class KVCacheManager(PrefixCachingBlockManager):
             if set(table) & set(self._copies):
                 raise ValueError(f"seq_id={s!r} has a copy-on-write copy not yet applied; "
                                  "call take_copies() and copy_blocks first")
-        gpu = list(dict.fromkeys(b for table in tables for b in table))  # distinct, in order
-        if len(gpu) > self.cpu_allocator.num_free_blocks:
-            raise OutOfBlocksError(len(gpu), self.cpu_allocator.num_free_blocks,
-                                   f"in the CPU pool to swap out seq_ids={ids!r}")
-        mapping = dict(zip(gpu, self.cpu_allocator.allocate_many(len(gpu))))
-        for s, table in zip(ids, tables):
-            self._swapped[s] = [mapping[b] for b in table]
+        mapping, cpu_tables = _copy_tables(tables, self.cpu_allocator,
+                                           f"in the CPU pool to swap out seq_ids={ids!r}")
+        for s, table, cpu_table in zip(ids, tables, cpu_tables):
+            self._swapped[s] = cpu_table
             del self._tables[s]
-        _share_repeats(self.cpu_allocator, [self._swapped[s] for s in ids])
-        for table in tables:
             self._release(table)
-        return list(mapping.items())
+        return mapping
 
     def swap_in(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
-        """Bring a swapped group back onto fresh GPU blocks. Returns the (cpu_block, gpu_block)
-        pairs to copy (``CPUBlockPool.copy_in``). OutOfBlocksError, state unchanged, when the
-        GPU lacks room for the whole group."""
+        """Bring a swapped group back onto fresh GPU blocks, all or nothing. Returns the
+        (cpu_block, gpu_block) pairs to copy (``CPUBlockPool.copy_in``)."""
         ids = self._group(seq_ids, "swap_in")
         cpu_tables = [self.cpu_block_table(s) for s in ids]
-        cpu = list(dict.fromkeys(c for table in cpu_tables for c in table))
-        if len(cpu) > self.num_free_blocks:
-            raise OutOfBlocksError(len(cpu), self.num_free_blocks, f"to swap in seq_ids={ids!r}")
-        mapping = dict(zip(cpu, self.allocator.allocate_many(len(cpu))))
-        for s, cpu_table in zip(ids, cpu_tables):
-            self._tables[s] = [mapping[c] for c in cpu_table]
+        mapping, tables = _copy_tables(cpu_tables, self.allocator, f"to swap in seq_ids={ids!r}")
+        for s, table, cpu_table in zip(ids, tables, cpu_tables):
+            self._tables[s] = table
             del self._swapped[s]
-        _share_repeats(self.allocator, [self._tables[s] for s in ids])
-        self.cpu_allocator.free_many(c for table in cpu_tables for c in table)
-        for s in ids:
+            self.cpu_allocator.free_many(cpu_table)
             self._cache_full_blocks(s)  # prefix caching: findable by their hashes again
-        return list(mapping.items())
+        return mapping
 
     def preempt_by_recompute(self, seq_ids: Iterable[Hashable]) -> dict[Hashable, list[int]]:
-        """Free a group's blocks and forget the sequences; returns each one's token ids (prompt
-        plus generated) to re-prefill later with ``allocate``. With prefix caching most of them
-        may still be cached then, so the recompute can be nearly free."""
+        """Free a group's blocks and forget it; returns each sequence's token ids to re-prefill
+        later with ``allocate`` (with prefix caching, perhaps nearly all hits)."""
         ids = self._group(seq_ids, "preempt_by_recompute")
         for s in ids:
             self._table(s)  # every one on the GPU, or nothing changes
@@ -161,24 +137,25 @@ class KVCacheManager(PrefixCachingBlockManager):
             assert not self._swapped, "swapped sequences without a CPU pool"
             return
         self.cpu_allocator.check_invariants()
-        refs = [0] * self.cpu_allocator.num_blocks
-        for table in self._swapped.values():
-            for c in table:
-                refs[c] += 1
-        for c, want in enumerate(refs):
+        want = Counter(c for table in self._swapped.values() for c in table)
+        for c in range(self.cpu_allocator.num_blocks):
             got = self.cpu_allocator.ref_count(c)
-            assert got == want, f"CPU block {c}: reference count {got}, {want} table entries"
+            assert got == want[c], f"CPU block {c}: reference count {got}, {want[c]} table entries"
 
 
-def _share_repeats(allocator: BlockAllocator, tables: list[list[int]]) -> None:
-    """Each block came from ``allocate`` with count 1, for its first table entry; every further
-    entry pointing at it, in any table of the group, is one more user."""
-    seen: set[int] = set()
-    for table in tables:
-        for b in table:
-            if b in seen:
-                allocator.incref(b)
-            seen.add(b)
+def _copy_tables(tables: list[list[int]], allocator: BlockAllocator,
+                 what: str) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """One new block from ``allocator`` per distinct block of a group's tables (a block shared
+    inside the group moves once): the (old, new) pairs and the tables rewritten. All or nothing."""
+    old = list(dict.fromkeys(b for table in tables for b in table))  # distinct, in order
+    if len(old) > allocator.num_free_blocks:
+        raise OutOfBlocksError(len(old), allocator.num_free_blocks, what)
+    mapping = dict(zip(old, allocator.allocate_many(len(old))))
+    new = [[mapping[b] for b in table] for table in tables]
+    # A new block has count 1, for its first entry; every further entry is one more user.
+    entries = Counter(b for table in new for b in table)
+    allocator.incref_many(b for b, k in entries.items() for _ in range(k - 1))
+    return list(mapping.items()), new
 
 
 class CPUBlockPool:

@@ -1,49 +1,30 @@
 """Prefix caching: full blocks found again by a hash of everything before them (vLLM v1 style).
 
-What this teaches: how vLLM v1 shares KV cache blocks *between requests*. Every full block gets
-a hash chained from its parent block's hash and its own token ids::
+What this teaches (lesson 05; paper section 4.4, shared prefix): every full block gets a hash
+chained from its parent's, ``h_i = hash_fn(h_{i-1}, tokens of block i)`` from ``ROOT_HASH``, so
+equal hashes mean the same *whole prefix*, and a table maps hash -> block. A prompt reuses the
+longest run of cached blocks from its start, at most (n - 1) // BS: the last token is recomputed
+for its logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks). Freed blocks keep K/V and
+hash in ONE free queue in eviction order, as vLLM's FreeKVCacheBlockQueue
+(vllm/v1/core/kv_cache_utils.py): ``allocate`` pops the head and only then evicts its hash
+(block_pool.py get_new_blocks); ``free`` puts hashed blocks at the tail (LRU), a table's tail
+first, and unhashed ones at the head (block_pool.py free_blocks, vLLM 0.32); a hit takes a block
+out of the middle (block_pool.py touch).
 
-    h_0 = hash_fn(ROOT_HASH, tokens[0:BS]);  h_i = hash_fn(h_{i-1}, tokens[i*BS:(i+1)*BS])
+A hit also compares token ids, as nano-vllm does (nanovllm/engine/block_manager.py); vLLM trusts
+its hash, sha256 by default (block_pool.py get_cached_block; vllm/config/cache.py). With a weak
+``hash_fn`` (the default is Python's tuple hash) a collision then costs a hit, not wrong K/V. A
+block filled under a hash already cached is cached too (block_pool.py BlockHashToBlockMap: "we
+don't de-duplicate"); lookups take the oldest. Fork and copy-on-write work too, as in vLLM v0.
+Read next: ``serving/swap.py``.
 
-so equal hashes stand for the same *whole prefix*, not only the same BS tokens (K/V of a token
-depend on every token before it). A table maps hash -> block. A new prompt reuses the longest
-run of cached blocks from its start, at most (n - 1) // BS of them: the last prompt token is
-always recomputed, since the model needs its logits to sample the first new token
-(vllm/v1/core/kv_cache_manager.py get_computed_blocks: ``num_tokens - 1``). Only full blocks are
-cached (those a prompt fills at ``allocate``, the last one when ``append_slot`` fills it), and a
-block with a hash is never written: after a ``rollback`` cut into one it stays findable (its K/V
-are intact) until the next write evicts it (one user) or copies it (shared).
+A block with a hash is never written: after a ``rollback`` cut into one it stays findable (its
+K/V are intact) until the next write evicts it (one user) or copies it (shared).
 
-Freed blocks keep their K/V and hash. ONE free queue, an OrderedDict (O(1) at both ends and in
-the middle), holds every free block in eviction order (vLLM's FreeKVCacheBlockQueue,
-vllm/v1/core/kv_cache_utils.py), 0..NB-1 at first:
-    allocate  pops the head; a popped block that carries a hash is evicted only now (its hash
-              dropped): eviction happens when a block is needed (block_pool.py get_new_blocks);
-    free      puts a block with a hash at the tail (least recently used first) and one without
-              at the head, since no prompt can hit it (block_pool.py free_blocks, vLLM 0.32;
-              earlier v1 releases appended both to the tail). A table is freed tail first, so
-              its tail blocks, the least likely to be shared, are evicted before its head;
-    hit       takes a free cached block out of the middle of the queue (block_pool.py touch).
-
-Hash only, or hash and tokens? vLLM finds a block by its hash alone (block_pool.py
-get_cached_block), a strong one, sha256 by default (vllm/config/cache.py prefix_caching_hash_algo).
-nano-vllm (nanovllm/engine/block_manager.py) and minipaged also compare the cached block's token
-ids: one tuple comparison per hit, so a weak ``hash_fn`` (pluggable; the default is Python's
-64-bit, non-cryptographic tuple hash) costs hits rather than serving another block's K/V. No proof:
-colliding chain hashes followed by equal tokens still match (a risk both accept).
-
-Duplicates (the same prefix computed twice) are cached too, as in vLLM (block_pool.py
-BlockHashToBlockMap: "we don't de-duplicate"): no table entry is rewritten, and the copy still
-hits once the first is evicted. Lookups return the earliest.
-
-Fork and copy-on-write (``sharing/cow.py``) work here as in vLLM v0's prefix-caching block manager:
-full blocks are shared by hash and reference count, the partial last block by reference count with
-copy-on-write (a copy gets a hash once full). Paper: section 4.4. Read next: ``serving/swap.py``.
-
-Invariants (``check_invariants``; the stateful tests run them with fork and copy-on-write):
-    1. the free queue holds every free block once: first those without a hash, then those with
-       one, least recently used first; so allocation evicts only when nothing else is free;
-    2. the table maps each hash to the blocks carrying it; a block carries <= 1 hash, its tokens;
+Invariants (``check_invariants``; the stateful tests, with fork and copy-on-write):
+    1. the free queue holds every free block once, unhashed ones first, then hashed ones least
+       recently used first: allocation evicts only when nothing else is free;
+    2. the table maps each hash to the blocks carrying it, each with its cached token ids;
     3. every full block of a live table carries the chain hash of its position in that table.
 """
 
@@ -68,7 +49,7 @@ def default_block_hash(parent_hash: Hashable, token_ids: tuple[int, ...]) -> int
 
 class PrefixCachingBlockAllocator(BlockAllocator):
     """A ``BlockAllocator`` whose free blocks wait in one eviction-order queue, keeping their
-    hash and K/V until the block is handed out again."""
+    hash and K/V until handed out again."""
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
@@ -120,8 +101,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self._ref[b] += 1
 
     def cache_block(self, block: int, block_hash: Hashable, token_ids: Iterable[int]) -> None:
-        """Record that ``block`` (in use, full, not cached yet) holds ``token_ids`` after the
-        prefix that ``block_hash`` stands for."""
+        """Record that ``block`` (in use, full, not cached) holds ``token_ids`` after the prefix
+        ``block_hash`` stands for."""
         b = self._check_block(block)
         if self._ref[b] == 0 or self._hash[b] is not None:
             raise ValueError(f"block={b} must be in use and not cached yet to be cached "
@@ -170,8 +151,8 @@ class PrefixCachingBlockManager(CowBlockManager):
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  hash_fn: HashFn | None = None) -> None:
         super().__init__(num_blocks, block_size)
-        self.hash_fn: HashFn = (default_block_hash if hash_fn is None
-                                else check_callable("hash_fn", hash_fn))
+        self.hash_fn: HashFn = default_block_hash if hash_fn is None else check_callable(
+            "hash_fn", hash_fn)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
@@ -186,8 +167,8 @@ class PrefixCachingBlockManager(CowBlockManager):
         return h
 
     def _plan(self, tokens: list[int]) -> tuple[list[Hashable], list[int]]:
-        """The chain hash of every full block of ``tokens``, and the cached blocks of the
-        longest run of hits from the start (at most (n - 1) // BS). Changes nothing."""
+        """The chain hash of every full block of ``tokens``, and the longest run of hits from
+        the start (at most (n - 1) // BS). Changes nothing."""
         bs = self.block_size
         max_hits = (len(tokens) - 1) // bs  # the last prompt token is always recomputed
         hashes, hits, parent = [], [], ROOT_HASH
@@ -202,23 +183,22 @@ class PrefixCachingBlockManager(CowBlockManager):
         return hashes, hits
 
     def _taken(self, hits: list[int], num_tokens: int) -> tuple[int, int]:
-        """(new blocks, free blocks) that allocating with these hits takes: a hit that sits in
-        the free queue is counted free but is ours to take, not spare."""
+        """(new blocks, free hits) that allocating with these hits takes: a hit in the free queue
+        counts as free but is ours to take, not spare."""
         free_hits = len({b for b in hits if self.allocator.ref_count(b) == 0})
         return cdiv(num_tokens, self.block_size) - len(hits), free_hits
 
     def blocks_to_allocate(self, token_ids: Iterable[int]) -> int:
-        """Free blocks ``allocate(token_ids)`` would take now (new ones and free cached hits):
-        it succeeds exactly when this is at most ``num_free_blocks``. Changes nothing."""
+        """Free blocks ``allocate(token_ids)`` would take now (new ones and free hits): it
+        succeeds exactly when this is at most ``num_free_blocks``."""
         tokens = check_token_ids("token_ids", token_ids)
         if not self.enable_prefix_caching:
             return cdiv(len(tokens), self.block_size)
         return sum(self._taken(self._plan(tokens)[1], len(tokens)))
 
     def allocate(self, seq_id: SeqId, token_ids: Iterable[int]) -> int:
-        """Blocks for a prompt; returns how many prompt tokens already have K/V (the hits, a
-        multiple of BS). All or nothing: a hash_fn that raises, like OutOfBlocksError, leaves
-        every block, hash and queue position as it was."""
+        """Blocks for a prompt; returns the prompt tokens that already have K/V (the hits, a
+        multiple of BS). All or nothing, also when hash_fn raises."""
         if not self.enable_prefix_caching:
             return super().allocate(seq_id, token_ids)
         seq_id = self._check_new("seq_id", seq_id)
@@ -238,8 +218,8 @@ class PrefixCachingBlockManager(CowBlockManager):
         return len(hits) * self.block_size
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> int:
-        """As ``CowBlockManager.append_slot``; a block this token fills is hashed and cached.
-        The hash is computed first, so a hash_fn that raises changes nothing."""
+        """As ``CowBlockManager.append_slot``; a block this token fills is hashed (first, so a
+        hash_fn that raises changes nothing) and cached."""
         if not self.enable_prefix_caching:
             return super().append_slot(seq_id, token_id)
         self._table(seq_id)
@@ -276,8 +256,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         self._hashes.pop(seq_id, None)
 
     def _cache_full_blocks(self, seq_id: SeqId) -> None:
-        """Cache every full block of the sequence's table that carries no hash yet (a new
-        prompt's blocks; a swapped-in sequence's, in ``serving/swap.py``)."""
+        """Cache every full block of the table that has no hash yet (a new or swapped-in one)."""
         if not self.enable_prefix_caching:
             return
         bs, tokens = self.block_size, self._tokens[seq_id]

@@ -1,29 +1,14 @@
 """Parallel sampling and beam search over fork / append_slot / free.
 
-What this teaches: the two decoding algorithms for which vLLM's paper introduced block sharing
-(section 4.4), as small helpers over the block manager's verbs and the one sequence model of
-``sharing/sequence.py`` (a ``SequenceGroup`` of ``Sequence`` objects, ids ``(request_id, i)``).
+What this teaches (lesson 04): the two decoding algorithms that vLLM's paper shares blocks for
+(section 4.4). Parallel sampling by fork (vLLM v0) allocates the prompt once and forks it; as n
+requests (vLLM v1 fans n > 1 out: vllm/v1/engine/parallel_sampling.py) it allocates the prompt n
+times and the full blocks are prefix-cache hits. Beam search keeps the k best candidates each
+step: a beam chosen twice is forked, a beam not chosen is freed. Both work with prefix caching on,
+as in vLLM v0. The paper measured 37.6-55.2% fewer blocks for beam widths 2-6 and 6.1-9.8% for
+parallel sampling (Fig. 15); ``blocks_without_sharing`` is the baseline. Every helper checks its
+arguments and the room it needs first: all or nothing.
 
-    parallel sampling   one prompt, n independent continuations. By fork (vLLM v0): allocate
-                        the prompt once and ``fork`` it n - 1 times; all n share every prompt
-                        block, and the partly filled last block is copied by whichever sample
-                        writes into it while it is still shared. As n requests (vLLM v1, whose
-                        engine fans a request with n > 1 out into n child requests:
-                        vllm/v1/engine/parallel_sampling.py): allocate the prompt n times; the
-                        full prompt blocks are found in the prefix cache and shared, the partial
-                        last block is not (each sample recomputes those tokens).
-    beam search         keep the k best partial sequences. Each step every beam proposes
-                        candidates (token, score); the k best survive. A beam chosen more than
-                        once is forked, a beam not chosen is freed, and its blocks return to the
-                        pool unless a surviving beam still shares them.
-
-Both work with or without prefix caching (minipaged's manager, like vLLM v0's, shares full
-blocks by hash and the partial last block by reference count with copy-on-write at once).
-Sharing pays most for beam search: the paper measured 37.6-55.2% fewer blocks for beam widths
-2-6, against 6.1-9.8% for parallel sampling (Fig. 15), because beams share most of their
-*generated* tokens too. ``blocks_without_sharing`` gives the baseline.
-
-Every helper is all or nothing: it checks its arguments and the room it needs first.
 Read before: ``sharing/sequence.py``. Read next: ``sharing/prefix_cache.py``.
 """
 
@@ -56,9 +41,8 @@ def _new_seq(group: SequenceGroup, token_ids: list[int]) -> Sequence:
 
 
 def fork_seq(mgr: CowBlockManager, group: SequenceGroup, parent_id: Hashable) -> Hashable:
-    """A new sequence of ``group`` sharing every block of ``parent_id``; returns its id. The
-    child has nothing of its own to compute: its K/V are the parent's (written by the parent's
-    prefill or decode step)."""
+    """A new sequence of ``group`` sharing every block (and so every K/V) of ``parent_id``;
+    returns its id."""
     parent = next((s for s in group.seqs if s.seq_id == parent_id), None)
     if parent is None:
         raise KeyError(f"parent_id={parent_id!r} is not a live sequence of the group")
@@ -71,13 +55,10 @@ def fork_seq(mgr: CowBlockManager, group: SequenceGroup, parent_id: Hashable) ->
 def start_parallel_sampling(mgr: CowBlockManager, request_id: Hashable, prompt: Iterable[int],
                             n: int, *, by_fork: bool | None = None
                             ) -> tuple[SequenceGroup, dict[Hashable, int]]:
-    """n samples of one prompt. Returns the group and, per sample, how many prompt tokens
-    already have K/V (the caller prefills the rest). All or nothing: OutOfBlocksError leaves
-    the manager unchanged, and no cached prefix was evicted for it.
-
-    ``by_fork``: True forks sample 0 (the others need no prefill at all); False allocates the
-    prompt n times; None (default) does what vLLM does in each mode: fork without prefix
-    caching (v0), n allocations with it (v1)."""
+    """n samples of one prompt: the group and, per sample, the prompt tokens that already have
+    K/V. All or nothing (no cached prefix is evicted for a refusal). ``by_fork``: True forks
+    sample 0; False allocates the prompt n times; None does what vLLM does: fork without
+    prefix caching (v0), n allocations with it (v1)."""
     n = check_int("n", n, low=1)
     tokens = check_token_ids("prompt", prompt)
     caching = getattr(mgr, "enable_prefix_caching", False)  # a later stage's manager may cache
@@ -85,22 +66,18 @@ def start_parallel_sampling(mgr: CowBlockManager, request_id: Hashable, prompt: 
         by_fork = not caching
     group = SequenceGroup(request_id, prompt_len=len(tokens), n=n)
     first = _new_seq(group, tokens)
-    if by_fork or n == 1:
-        first.num_computed = mgr.allocate(first.seq_id, tokens)  # all or nothing itself
-        for _ in range(n - 1):
-            fork_seq(mgr, group, first.seq_id)
-    else:
-        # Room for all n first: the first allocation may evict cached blocks, which a later
-        # failure could not bring back. With prefix caching, once sample 0 has cached every
-        # full prompt block, each further sample hits them all but the last token's block.
-        if caching:
-            need = mgr.blocks_to_allocate(tokens) + n - 1
-        else:
-            need = n * cdiv(len(tokens), mgr.block_size)
+    if not by_fork and n > 1:
+        # Room for all n first: an allocation may evict cached blocks a later failure could not
+        # bring back. After sample 0, each sample hits every full prompt block but the last.
+        need = (mgr.blocks_to_allocate(tokens) + n - 1 if caching
+                else n * cdiv(len(tokens), mgr.block_size))
         if need > mgr.num_free_blocks:
             raise OutOfBlocksError(need, mgr.num_free_blocks, f"for {n} samples of {request_id!r}")
-        first.num_computed = mgr.allocate(first.seq_id, tokens)
-        for _ in range(n - 1):
+    first.num_computed = mgr.allocate(first.seq_id, tokens)  # all or nothing itself
+    for _ in range(n - 1):
+        if by_fork:
+            fork_seq(mgr, group, first.seq_id)
+        else:
             seq = _new_seq(group, tokens)
             seq.num_computed = mgr.allocate(seq.seq_id, tokens)
     for seq in group.seqs:
@@ -110,9 +87,8 @@ def start_parallel_sampling(mgr: CowBlockManager, request_id: Hashable, prompt: 
 
 def append_group(mgr: CowBlockManager, group: SequenceGroup,
                  tokens: Mapping[Hashable, int]) -> dict[Hashable, int]:
-    """One decode step: append ``tokens[seq]`` to every sequence of the group; returns the
-    slots. Checks the tokens and the room for the whole group first, so an error changes
-    nothing."""
+    """One decode step, all or nothing: append ``tokens[seq]`` to every sequence of the group;
+    returns the slots."""
     ids = group.seq_ids
     if set(tokens) != set(ids):
         raise ValueError(f"tokens must give one token for each of {ids}, "
@@ -121,11 +97,15 @@ def append_group(mgr: CowBlockManager, group: SequenceGroup,
     need = mgr.blocks_needed_to_append(ids)
     if need > mgr.num_free_blocks:
         raise OutOfBlocksError(need, mgr.num_free_blocks, f"to append to {group.request_id!r}")
-    slots = {s: mgr.append_slot(s, new[s]) for s in ids}
-    for seq in group.seqs:
-        seq.token_ids.append(new[seq.seq_id])
-        seq.num_computed = len(seq.token_ids)  # the caller writes the new token's K/V now
-    return slots
+    return {seq.seq_id: _append(mgr, seq, new[seq.seq_id]) for seq in group.seqs}
+
+
+def _append(mgr: CowBlockManager, seq: Sequence, token: int) -> int:
+    """A slot for ``token`` and the token in the stream; the caller writes its K/V now."""
+    slot = mgr.append_slot(seq.seq_id, token)
+    seq.token_ids.append(int(token))
+    seq.num_computed = len(seq.token_ids)
+    return slot
 
 
 def free_group(mgr: CowBlockManager, group: SequenceGroup) -> None:
@@ -146,13 +126,10 @@ class Candidate:
 
 
 class BeamSearch:
-    """Beam search of width k over one prompt, sharing blocks by fork and copy-on-write.
-
-    ``step(candidates)`` keeps the k best candidates. A beam chosen once continues in place; a
-    beam chosen c > 1 times is forked c - 1 times; a beam chosen 0 times is freed *first* (its
-    blocks may be exactly what the forks' copy-on-write needs). Then each survivor appends its
-    token. Returns the slot of every new token, ready for ``reshape_and_cache`` after the
-    copies from ``mgr.take_copies()`` are applied."""
+    """Beam search of width k over one prompt. ``step(candidates)`` keeps the k best: a beam
+    chosen c times continues and is forked c - 1 times; a beam not chosen is freed *first* (the
+    forks' copy-on-write may need its blocks). Returns each new token's slot, for
+    ``reshape_and_cache`` once ``mgr.take_copies()`` is applied."""
 
     def __init__(self, mgr: CowBlockManager, request_id: Hashable, prompt: Iterable[int],
                  width: int) -> None:
@@ -183,8 +160,7 @@ class BeamSearch:
             check_float(f"candidates[{i}].score", c.score)
         best = heapq.nlargest(self.width, cands, key=lambda c: c.score)
         if len(best) > self.mgr.num_free_blocks:
-            # Each surviving beam needs at most one block (a new one, or a copy-on-write copy);
-            # checking this bound before touching anything keeps the step all or nothing.
+            # A survivor needs at most one block (new, or a copy): all or nothing.
             raise OutOfBlocksError(len(best), self.mgr.num_free_blocks,
                                    f"for {len(best)} beams of {self.group.request_id!r}")
         chosen: dict[Hashable, list[Candidate]] = {}
@@ -201,13 +177,8 @@ class BeamSearch:
             moves.extend((fork_seq(self.mgr, self.group, parent), c) for c in cs[1:])
         by_id = {seq.seq_id: seq for seq in self.group.seqs}
         self.group.seqs = [by_id[s] for s, _ in moves]
-        slots = {}
-        for s, c in moves:
-            slots[s] = self.mgr.append_slot(s, c.token)
-            seq = by_id[s]
-            seq.token_ids.append(int(c.token))
-            seq.num_computed = len(seq.token_ids)  # the caller writes the new token's K/V now
-            self.scores[s] = float(c.score)
+        slots = {s: _append(self.mgr, by_id[s], c.token) for s, c in moves}
+        self.scores.update((s, float(c.score)) for s, c in moves)
         return slots
 
     def finish(self) -> dict[Hashable, list[int]]:

@@ -1,17 +1,10 @@
 """Sequences and sequence groups: vLLM's vocabulary for requests, one model for every stage.
 
-What this teaches: a *sequence* is one token stream; a *sequence group* is one request (n
-parallel samples or k beams are n or k sequences sharing the prompt, paper section 4.4), and all
-of its sequences are admitted, preempted and finished together (section 4.5): they share blocks,
-so evicting only some of them would free little and strand the rest. A sequence's ``token_ids``
-are the prompt plus every sampled token; ``num_computed`` of them have K/V in the cache. A
-*prefill chunk* is the token range of one sequence whose K/V a step computes.
-
-The same two classes serve the lessons' helpers (``sharing/sampling.py``: parallel sampling and
-beam search by hand), the scheduler (``serving/scheduler.py``, which moves groups between its
-queues: waiting, running, swapped, finished, rejected, the status strings below), the simulator
-and the model's engine. Sequence ids are any hashable: the scheduler numbers them, the helpers
-name them ``(request_id, i)``.
+What this teaches: a *sequence* is one token stream (``token_ids``: the prompt plus every sampled
+token, ``num_computed`` of them with K/V in the cache); a *sequence group* is one request: its n
+samples or k beams share the prompt (paper section 4.4) and are admitted, preempted and finished
+together (section 4.5). A *prefill chunk* is the range whose K/V a step computes. The lessons'
+helpers, the scheduler, the simulator and the engine all use these classes.
 
 Read before: ``sharing/cow.py``. Read next: ``sharing/sampling.py``.
 """
@@ -20,12 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", \
-    "rejected"
-
-
-def _order(g: SequenceGroup) -> int:
-    return g.order
+WAITING, RUNNING, SWAPPED = "waiting", "running", "swapped"
+FINISHED, REJECTED = "finished", "rejected"
 
 
 class Sequence:
