@@ -40,15 +40,14 @@ paper's "external fragmentation & others" bar fills up (Fig. 2). Even an empty a
 when ``num_slots`` is not a multiple of next_pow2(need): 15,728 slots (OPT-13B, A100-40GB) =
 8192 + 4096 + 2048 + 1392 in smaller blocks, which can never hold a 2048-slot region.
 
-Why ``exact_fit=True`` by default: the policies differ only in how much they reserve; Orca
-(Oracle) has no internal fragmentation and Orca (Pow2) over-reserves the output by at most 2x
-(section 6.1). A plain buddy allocator would round each region up to a power of two on top (an
-oracle region of 100 slots would hold 128, a pow2 region of 132 would hold 256): slack of the
-allocator, not of the policy. So by default the allocator gives each block's unused tail back;
+Why ``exact_fit=True`` by default: the policies differ only in how much they reserve (section
+6.1). A plain buddy allocator would round each region up to a power of two on top (an oracle
+region of 100 slots would hold 128, a pow2 region of 132 would hold 256): slack of the
+allocator, not of the policy. So the allocator gives each block's unused tail back;
 ``exact_fit=False`` keeps the rounding (``breakdown()``'s ``internal_rounding``).
 
-Running totals make every call O(log num_slots), so a simulator can reserve through this class
-at every step; ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
+Running totals make every call O(log num_slots), for a simulator; ``store_kv=False`` keeps only
+the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
