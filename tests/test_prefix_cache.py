@@ -228,3 +228,22 @@ def test_free_queue_matches_a_plain_list_model():
         assert a.free_queue() == model
         assert a.lru_blocks() == [b for b in model if b in cached]
     a.check_invariants()
+
+
+def test_blocks_are_found_only_once_their_kv_are_computed():
+    """Chunked prefill: a prompt allocated with cache=False is findable block by block as
+    cache_blocks says its K/V are written, never before (vLLM caches computed blocks only)."""
+    from minipaged import KVCacheManager
+
+    bs, prompt = 4, list(range(1, 18))          # 17 tokens: 4 full blocks
+    m = KVCacheManager(32, bs, enable_prefix_caching=True)
+    assert m.allocate("a", prompt, cache=False) == 0
+    assert m.allocate("b", prompt, cache=False) == 0  # nothing of "a" is computed yet
+    m.free("b")                                  # b computed nothing either: nothing cached
+    m.cache_blocks("a", 9)                       # the first chunk wrote tokens 0..8
+    assert m.allocate("c", prompt) == 2 * bs     # two full blocks are computed
+    m.cache_blocks("a", len(prompt))
+    assert m.allocate("d", prompt) == 4 * bs     # (n - 1) // BS = 4 hits at most
+    m.check_invariants()
+    with pytest.raises(ValueError, match="num_computed_tokens=18 is out of range"):
+        m.cache_blocks("a", 18)

@@ -65,6 +65,9 @@ class MemoryPolicy(ABC):
     def take_copies(self) -> list[tuple[int, int]]:
         return []
 
+    def computed(self, seq_id: SeqId, num_tokens: int) -> None:  # noqa: B027 - optional hook
+        """The sequence's first ``num_tokens`` tokens get K/V this step (a prefill chunk)."""
+
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
         return False  # so swap_out and the swap-in methods are never called
 
@@ -120,7 +123,7 @@ class PagedPolicy(MemoryPolicy):
         cached: list[int] = []
         try:
             for sid, toks in zip(seq_ids, token_ids):
-                cached.append(m.allocate(sid, toks))
+                cached.append(m.allocate(sid, toks, cache=False))  # cached as computed
         except OutOfBlocksError:
             pass
         if len(cached) == len(seq_ids) and m.num_free_blocks >= self.watermark_blocks:
@@ -147,6 +150,9 @@ class PagedPolicy(MemoryPolicy):
 
     def take_copies(self):
         return self.manager.take_copies()
+
+    def computed(self, seq_id, num_tokens):
+        self.manager.cache_blocks(seq_id, num_tokens)  # only now may other requests hit them
 
     def can_swap_out(self, seq_ids):
         return self.manager.can_swap_out(seq_ids)  # False without a CPU pool, or a full one

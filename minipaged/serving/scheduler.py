@@ -116,6 +116,7 @@ class Scheduler(RequestQueues):
                 if s.prefilling and budget > 0:
                     end = min(len(s.token_ids), s.num_computed + budget)
                     out.prefills.append(PrefillChunk(s, s.num_computed, end))
+                    self.policy.computed(s.seq_id, end)
                     out.num_prefill_tokens += end - s.num_computed
                     budget -= end - s.num_computed
         return budget
@@ -168,6 +169,7 @@ class Scheduler(RequestQueues):
                 end = min(len(s.token_ids), c + budget) if chunked else len(s.token_ids)
                 if end > c:
                     out.prefills.append(PrefillChunk(s, c, end))
+                    self.policy.computed(s.seq_id, end)
                     out.num_prefill_tokens += end - c
                     budget -= end - c
 

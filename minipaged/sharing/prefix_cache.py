@@ -16,16 +16,16 @@ its hash, sha256 by default (block_pool.py get_cached_block; vllm/config/cache.p
 ``hash_fn`` (the default is Python's tuple hash) a collision then costs a hit, not wrong K/V. A
 block filled under a hash already cached is cached too (block_pool.py BlockHashToBlockMap: "we
 don't de-duplicate"); lookups take the oldest. Fork and copy-on-write work too, as in vLLM v0.
-Read next: ``serving/swap.py``.
-
 A block with a hash is never written: after a ``rollback`` cut into one it stays findable (its
 K/V are intact) until the next write evicts it (one user) or copies it (shared).
+Read next: ``serving/swap.py``.
 
 Invariants (``check_invariants``; the stateful tests, with fork and copy-on-write):
     1. the free queue holds every free block once, unhashed ones first, then hashed ones least
        recently used first: allocation evicts only when nothing else is free;
     2. the table maps each hash to the blocks carrying it, each with its cached token ids;
-    3. every full block of a live table carries the chain hash of its position in that table.
+    3. a live table's full blocks with K/V written (``cache_blocks``) carry the chain hash of
+       their position; the ones still to be computed (chunked prefill) carry none.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
         self._hashes: dict[SeqId, list[Hashable]] = {}  # seq -> chain hash of its full blocks
+        self._computed: dict[SeqId, int] = {}  # seq -> its leading full blocks with K/V written
 
     def _hash_block(self, parent: Hashable, token_ids: tuple[int, ...]) -> Hashable:
         h = self.hash_fn(parent, token_ids)
@@ -196,9 +197,12 @@ class PrefixCachingBlockManager(CowBlockManager):
             return cdiv(len(tokens), self.block_size)
         return sum(self._taken(self._plan(tokens)[1], len(tokens)))
 
-    def allocate(self, seq_id: SeqId, token_ids: Iterable[int]) -> int:
+    def allocate(self, seq_id: SeqId, token_ids: Iterable[int], *, cache: bool = True) -> int:
         """Blocks for a prompt; returns the prompt tokens that already have K/V (the hits, a
-        multiple of BS). All or nothing, also when hash_fn raises."""
+        multiple of BS). All or nothing, also when hash_fn raises. ``cache=False``: the caller
+        computes the prompt chunk by chunk (chunked prefill) and says with ``cache_blocks`` how
+        far it got; until then no other request can hit a block whose K/V are not written
+        (vLLM caches computed blocks only: vllm/v1/core/kv_cache_manager.py allocate_slots)."""
         if not self.enable_prefix_caching:
             return super().allocate(seq_id, token_ids)
         seq_id = self._check_new("seq_id", seq_id)
@@ -212,7 +216,9 @@ class PrefixCachingBlockManager(CowBlockManager):
         self.allocator.touch(hits)  # out of the queue *before* allocating, which may evict
         self._tables[seq_id] = hits + self.allocator.allocate_many(need)
         self._tokens[seq_id], self._hashes[seq_id] = tokens, hashes
-        self._cache_full_blocks(seq_id)
+        self._computed[seq_id] = len(hits)
+        if cache:
+            self.cache_blocks(seq_id, len(tokens))
         self.allocator.hits += len(hits)
         self.allocator.queries += len(hashes)
         return len(hits) * self.block_size
@@ -230,10 +236,21 @@ class PrefixCachingBlockManager(CowBlockManager):
             chunk = tuple(tokens[len(tokens) + 1 - bs:]) + (token_id,)
             h = self._hash_block(hashes[-1] if hashes else ROOT_HASH, chunk)
         slot = super().append_slot(seq_id, token_id)  # may copy-on-write; raises unchanged
-        if fills:
+        if fills:  # a decode: every earlier token's K/V are written
             hashes.append(h)
+            self._computed[seq_id] = len(hashes)
             self.allocator.cache_block(slot // bs, h, chunk)
         return slot
+
+    def cache_blocks(self, seq_id: SeqId, num_computed_tokens: int) -> None:
+        """The first ``num_computed_tokens`` tokens have K/V (written this step or before): the
+        full blocks among them become findable by hash."""
+        if not self.enable_prefix_caching:
+            return
+        n = check_int("num_computed_tokens", num_computed_tokens, low=0,
+                      high=self.seq_len(seq_id) + 1) // self.block_size
+        self._computed[seq_id] = max(self._computed[seq_id], n)
+        self._cache_full_blocks(seq_id)
 
     def _before_write(self, table: list[int]) -> None:
         if self.enable_prefix_caching and self.allocator.block_hash(table[-1]) is not None \
@@ -245,22 +262,25 @@ class PrefixCachingBlockManager(CowBlockManager):
         super().rollback(seq_id, n)
         if self.enable_prefix_caching:
             del self._hashes[seq_id][self.seq_len(seq_id) // self.block_size:]
+            self._computed[seq_id] = min(self._computed[seq_id], len(self._hashes[seq_id]))
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
         super().fork(parent_seq_id, child_seq_id)
         if self.enable_prefix_caching:
             self._hashes[child_seq_id] = list(self._hashes[parent_seq_id])
+            self._computed[child_seq_id] = self._computed[parent_seq_id]
 
     def free(self, seq_id: SeqId) -> None:
         super().free(seq_id)
         self._hashes.pop(seq_id, None)
+        self._computed.pop(seq_id, None)
 
     def _cache_full_blocks(self, seq_id: SeqId) -> None:
-        """Cache every full block of the table that has no hash yet (a new or swapped-in one)."""
+        """Cache every computed full block of the table that has no hash yet."""
         if not self.enable_prefix_caching:
             return
-        bs, tokens = self.block_size, self._tokens[seq_id]
-        for i, (block, h) in enumerate(zip(self._tables[seq_id], self._hashes[seq_id])):
+        bs, tokens, n = self.block_size, self._tokens[seq_id], self._computed[seq_id]
+        for i, (block, h) in enumerate(zip(self._tables[seq_id][:n], self._hashes[seq_id])):
             if self.allocator.block_hash(block) is None:
                 self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
 
@@ -274,6 +294,7 @@ class PrefixCachingBlockManager(CowBlockManager):
             hashes, tokens = self._hashes[s], self._tokens[s]
             assert len(hashes) == len(tokens) // bs, f"seq {s!r}: one hash per full block"
             for i, h in enumerate(hashes):
-                assert self.allocator.block_hash(table[i]) == h, f"seq {s!r}, block {i}"
-                assert self.allocator.block_token_ids(table[i]) == tuple(
+                want = h if i < self._computed[s] else None
+                assert self.allocator.block_hash(table[i]) == want, f"seq {s!r}, block {i}"
+                assert want is None or self.allocator.block_token_ids(table[i]) == tuple(
                     tokens[i * bs:(i + 1) * bs]), f"seq {s!r}, block {i}: cached tokens"

@@ -14,24 +14,15 @@ from peer_traces import SCHED_FAMILIES, SCHED_SEEDS
 
 pytestmark = pytest.mark.requires("vllm")
 
-# Where minipaged diverges today, and why (strict: a fix makes these XPASS, which fails; then
-# delete the mark).
-CACHED_BEFORE_COMPUTED = pytest.mark.xfail(strict=True, reason=(
-    "minipaged caches a prompt's full blocks when the prompt is admitted "
-    "(KVCacheManager.allocate registers every full block's hash), before chunked prefill has "
-    "computed them; vLLM caches only blocks whose K/V are computed or being computed in this "
-    "step (vllm/v1/core/kv_cache_manager.py:607-616). After a preemption, minipaged's cache "
-    "holds blocks that were never computed and a re-admitted prompt 'hits' them: more hit "
-    "tokens than vLLM, and in an engine, K/V that were never written"))
-XFAIL = {("prefix-cached", seed): CACHED_BEFORE_COMPUTED for seed in (0, 4, 5)}
+# A prompt's blocks become findable by hash only as its K/V are computed (or computed in this
+# step), as in vLLM (vllm/v1/core/kv_cache_manager.py, allocate_slots caching computed blocks):
+# the "prefix-cached" traces preempt requests in the middle of a chunked prefill to check it.
 
 
 def _cases():
     for family in SCHED_FAMILIES:
         for seed in SCHED_SEEDS:
-            mark = XFAIL.get((family, seed))
-            yield pytest.param(family, seed, marks=[mark] if mark else [],
-                               id=f"{family}-{seed}")
+            yield pytest.param(family, seed, id=f"{family}-{seed}")
 
 
 @pytest.fixture(scope="module")
