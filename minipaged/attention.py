@@ -57,7 +57,11 @@ def _to_heads(q: np.ndarray, num_kv_heads: int, scale: float, acc: np.dtype) -> 
     G = H // num_kv_heads
     qh = q.astype(acc).reshape(T, num_kv_heads, G, D).transpose(1, 2, 0, 3)  # [Hkv, G, T, D]
     qh = np.ascontiguousarray(qh).reshape(num_kv_heads, G * T, D)
-    qh *= np.asarray(scale, dtype=acc)
+    with np.errstate(over="ignore"):
+        factor = np.asarray(scale, dtype=acc)
+    if not np.isfinite(factor):
+        raise ValueError(f"scale={scale!r} overflows {acc} (the accumulation dtype)")
+    qh *= factor
     return qh
 
 

@@ -314,3 +314,67 @@ def test_gather_in_head_chunks_changes_nothing(sc, chunk_bytes, monkeypatch):
         rows = slice(starts[s], starts[s + 1])
         assert np.array_equal(out[s:s + 1], dense_attention(q[s:s + 1], sc.k[s], sc.v[s]))
         assert np.array_equal(pre[rows], dense_attention(qp[rows], sc.k[s], sc.v[s]))
+
+
+# ---- behaviours a wrong implementation could hide (each would pass the tests above if the
+# ---- oracle made the same mistake, so each is checked against arithmetic, not the oracle) --
+SC = big_scenario(np.float32, 16)
+
+
+@pytest.mark.parametrize("method", ["gather", "online"])
+def test_the_callers_scale_is_used(method):
+    """scale=0.3 must give the same as dense attention with 0.3, and differ from the default."""
+    q = decode_queries(SC)
+    out = paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens, scale=0.3,
+                          method=method)
+    default = paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens,
+                              method=method)
+    tile = None if method == "gather" else SC.bs
+    want = np.concatenate([dense_attention(q[s:s + 1], SC.k[s], SC.v[s], scale=0.3, tile=tile)
+                           for s in range(len(SC.lens))])
+    assert np.array_equal(out, want) and not np.allclose(out, default)
+    qp, qlens = prefill_queries(SC, np.random.default_rng(1))
+    pre = paged_prefill_attention(qp, SC.key_cache, SC.value_cache, SC.tables, SC.lens, qlens,
+                                  scale=0.3, method=method)
+    pre_default = paged_prefill_attention(qp, SC.key_cache, SC.value_cache, SC.tables, SC.lens,
+                                          qlens, method=method)
+    assert not np.allclose(pre, pre_default)
+    rows = np.concatenate([[0], np.cumsum(qlens)])
+    for s in range(len(SC.lens)):
+        want = dense_attention(qp[rows[s]:rows[s + 1]], SC.k[s], SC.v[s], scale=0.3, tile=tile)
+        assert np.array_equal(pre[rows[s]:rows[s + 1]], want)
+
+
+@pytest.mark.parametrize("method", ["gather", "online"])
+def test_large_logits_stay_finite(method):
+    """Logits of about 1e4 overflow exp() unless the running max is subtracted first."""
+    q = decode_queries(SC) * 100
+    out = paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens, scale=1.0,
+                          method=method)
+    assert np.isfinite(out).all()
+    # Each output is a convex combination of V rows: inside their range, per sequence.
+    for s in range(len(SC.lens)):
+        assert (out[s] >= SC.v[s].min() - 1e-4).all() and (out[s] <= SC.v[s].max() + 1e-4).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN arithmetic, on purpose
+@pytest.mark.parametrize("method", ["gather", "online"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_bad_query_spoils_its_own_row_only(method, bad):
+    """NaN or inf in one sequence's query is not checked for (it costs a pass over the data on
+    the hot path); it spoils that sequence's output and no other's."""
+    q = decode_queries(SC)
+    clean = paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens, method=method)
+    q[1, 0, 0] = bad
+    out = paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens, method=method)
+    others = [s for s in range(len(SC.lens)) if s != 1]
+    assert np.array_equal(out[others], clean[others])
+    assert not np.isfinite(out[1]).all()
+
+
+def test_a_scale_that_overflows_is_rejected():
+    q = decode_queries(SC)
+    with pytest.raises(ValueError, match="scale=1e\\+300 overflows float32"):
+        paged_attention(q, SC.key_cache, SC.value_cache, SC.tables, SC.lens, scale=1e300)
+    with pytest.raises(ValueError, match="overflows"):
+        dense_attention(q[:1], SC.k[0], SC.v[0], scale=1e300)
