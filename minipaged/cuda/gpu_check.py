@@ -128,11 +128,13 @@ def probe_limits(rng, backend="cupy", rows=70_000) -> dict:
     return out
 
 
-def _device_time(fn, repeats: int = 20) -> float:
-    """Median seconds of fn() between two CUDA events (device time)."""
+def device_time(fn, repeats: int = 20) -> float:
+    """Median seconds of fn() between two CUDA events (device time, not host time), after one
+    warm-up call (shared with ``minipaged bench kernel``)."""
     import cupy
 
     fn()
+    cupy.cuda.Device().synchronize()
     times = []
     for _ in range(repeats):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -151,13 +153,13 @@ def bandwidth(rng, s=32, h=32, hkv=8, d=128, bs=16, ctx=4096) -> dict:
     kc, vc = dev[1], dev[2]
     kv_bytes = 2 * s * hkv * ctx * d * 2  # what attention must read (the pool has 3 spare blocks)
     dst_k, dst_v = cupy.empty_like(kc), cupy.empty_like(vc)
-    copy_t = _device_time(lambda: (cupy.copyto(dst_k, kc), cupy.copyto(dst_v, vc)))
+    copy_t = device_time(lambda: (cupy.copyto(dst_k, kc), cupy.copyto(dst_v, vc)))
     copy_bps = (kc.nbytes + vc.nbytes) / copy_t
     out = {"shape": f"S={s} H={h} Hkv={hkv} D={d} BS={bs} fp16 ctx={ctx}",
            "copy_read_GBps": copy_bps / 1e9, "versions": {}}
     for v in kernels.VERSIONS:
         run = launch.prepare_paged_attention(*dev, backend="cupy", version=v)
-        t = _device_time(run, 3 if v == 0 else 20)
+        t = device_time(run, 3 if v == 0 else 20)
         out["versions"][v] = {"ms": t * 1e3, "kv_read_GBps": kv_bytes / t / 1e9,
                               "fraction_of_copy": kv_bytes / t / copy_bps}
     ms = {v: r["ms"] for v, r in out["versions"].items()}

@@ -103,22 +103,9 @@ def _gpu_available() -> str | None:
 
 
 def _gpu_time(fn, repeats: int) -> float:
-    """Median seconds of fn() measured with CUDA events (device time, not host time)."""
-    import statistics
+    from minipaged.cuda.gpu_check import device_time
 
-    import cupy
-
-    fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return statistics.median(times)
+    return device_time(fn, repeats)
 
 
 def _copy_bandwidth(backend: str) -> float:
