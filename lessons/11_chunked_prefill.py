@@ -235,6 +235,18 @@ COST = CostModel.for_preset(MODEL)
 LONG_PROMPT, CHATS = 1800, 8
 
 
+def run_step(s: Scheduler, ex: SimExecutor, now: float, times: dict):
+    """One scheduler step through the simulator's cost model; returns (the step, the clock
+    after it) and appends the clock to ``times[request]`` for every request that sampled."""
+    out = s.schedule()
+    res = ex.execute(out)
+    now += res.duration_s
+    s.update(out, res, now)
+    for q in out.sampled:
+        times[q.group.request_id].append(now)
+    return out, now
+
+
 def long_prompt_run(chunked: bool, budget: int | None) -> dict:
     policy = make_policy("paged", num_slots=MODEL.num_token_slots, block_size=16,
                          max_seq_len=MODEL.model.max_model_len)
@@ -251,12 +263,7 @@ def long_prompt_run(chunked: bool, budget: int | None) -> dict:
         if step == 10:  # the chats are all decoding by now
             s.add_request("long", prompt_token_ids(99, LONG_PROMPT), 20, arrival_s=now)
             times["long"], arrived = [], now
-        out = s.schedule()
-        res = ex.execute(out)
-        now += res.duration_s
-        s.update(out, res, now)
-        for q in out.sampled:
-            times[q.group.request_id].append(now)
+        _, now = run_step(s, ex, now, times)
         step += 1
     gaps = [b - a for name, ts in times.items() if name != "long"
             for a, b in zip(ts, ts[1:])]
@@ -348,12 +355,7 @@ def workload_run(cfg: SimConfig) -> dict:
         if not s.has_unfinished():
             now = reqs[i].arrival_s  # idle: jump to the next arrival
             continue
-        out = s.schedule()
-        res = ex.execute(out)
-        now += res.duration_s
-        s.update(out, res, now)
-        for q in out.sampled:
-            times[q.group.request_id].append(now)
+        out, now = run_step(s, ex, now, times)
         steps += 1
         with_prefill += bool(out.prefills)
     assert now == simulate(cfg).sim_time_s, "the loop must be simulate()'s loop"
