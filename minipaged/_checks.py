@@ -23,13 +23,16 @@ def cdiv(a: int, b: int) -> int:
 def check_int(name: str, value: object, *, low: int | None = None,
               high: int | None = None) -> int:
     """``value`` as a Python int in ``[low, high)``; TypeError or ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)):
+    if type(value) is int:  # the usual case (a bool is a subclass of int, not int itself)
+        v = value
+    elif isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}={value!r} must be an integer, not a bool")
-    try:
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name}={value!r} must be an integer, "
-                        f"got {type(value).__name__}") from None
+    else:
+        try:
+            v = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{name}={value!r} must be an integer, "
+                            f"got {type(value).__name__}") from None
     if (low is not None and v < low) or (high is not None and v >= high):
         want = (f">= {low}" if high is None else f"< {high}" if low is None
                 else f"in [{low}, {high})")

@@ -1,4 +1,4 @@
-"""The simulator's model of beam survival (``SimExecutor.beam_parent``) and the paper's Fig. 15.
+"""The simulator's model of beam survival (``SimExecutor.beam_step``) and the paper's Fig. 15.
 
 What is promised, and tested here:
 - the rule as stated: new beam j extends current beam j unless displaced, with probability
@@ -27,7 +27,7 @@ COST = CostModel.for_preset(preset("opt-13b"))
 
 def _parents(d: float, k: int, steps: int = 4000, seed: int = 0) -> list[list[int]]:
     ex = SimExecutor(COST, 1, seed, beam_displaced=d)
-    return [[ex.beam_parent(7, pos, j, k) for j in range(k)] for pos in range(steps)]
+    return [[p for p, _ in ex.beam_step(7, pos, k, k)] for pos in range(steps)]
 
 
 def test_no_displacement_keeps_every_lineage():
@@ -36,7 +36,7 @@ def test_no_displacement_keeps_every_lineage():
 
 def test_the_first_step_forks_the_prompt():
     ex = SimExecutor(COST, 1, 0)
-    assert [ex.beam_parent(3, 10, j, 1) for j in range(4)] == [0, 0, 0, 0]
+    assert [p for p, _ in ex.beam_step(3, 10, 4, 1)] == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("d, k", [(1.0, 2), (1.0, 4), (1.0, 6), (6.0, 6)])

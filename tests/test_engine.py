@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from invariants import check_invariants
 
 pytestmark = pytest.mark.requires("torch")
 
@@ -58,7 +59,7 @@ def reference(model):
 
 
 def check_pool_full(llm):
-    llm.manager.check_invariants()
+    check_invariants(llm.manager)
     assert llm.manager.num_free_blocks == llm.num_blocks, "blocks leaked after generate"
     assert llm.manager.seq_ids == []
 

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from invariants import check_invariants
 
 from minipaged.attention import dense_attention
 from minipaged.paged.block_allocator import OutOfBlocksError
@@ -184,7 +185,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         assert mgr.num_free_blocks + len(owner) == mgr.num_blocks  # I2
         for b in range(mgr.num_blocks):
             assert mgr.ref_count(b) == (1 if b in owner else 0)  # I3
-        mgr.check_invariants()
+        check_invariants(mgr)
         finals = {sid: mgr.seq_len(sid) + sid % 7 for sid in self.model}
         assert mgr.usage() == mgr.usage_slow() and mgr.usage(finals) == mgr.usage_slow(finals)  # I8
 
@@ -202,7 +203,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         for sid in list(self.model):
             self.mgr.free(sid)
         assert self.mgr.num_free_blocks == self.mgr.num_blocks  # I7
-        self.mgr.check_invariants()
+        check_invariants(self.mgr)
 
 
 class CompleteManagerMachine(PagedCacheMachine):

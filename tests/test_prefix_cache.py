@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from invariants import check_invariants
 from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
@@ -102,7 +103,7 @@ def test_a_block_computed_twice_stays_cached_twice():
     m.free("x")
     m.free("y")
     assert m.allocate("c", range(9)) == 8 and m.block_table("c")[:2] == [0, 2]
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_a_reply_fed_back_as_the_next_prompt_hits_every_full_block():
@@ -124,7 +125,7 @@ def test_allocate_counts_hits_in_the_lru_queue_as_not_free():
         m.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 9])  # 2 hits + 3 new > 3 - 2 + ...
     assert (e.value.needed, e.value.free) == (3, 1)
     assert m.seq_ids == [] and m.num_free_blocks == 3 and m.allocator.num_cached_free_blocks == 2
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_collisions_are_caught_by_checking_token_ids():
@@ -169,7 +170,7 @@ def test_allocator_bad_inputs_and_invariants():
     assert a.lookup(7, (1, 2)) == b and a.lookup(7, (5, 5)) is None  # tokens are compared
     a.free(b)
     assert a.num_free_blocks == 3 and a.num_cached_free_blocks == 1
-    a.check_invariants()
+    check_invariants(a)
     with pytest.raises(ValueError, match="double free"):
         a.free(b)
 
@@ -227,7 +228,7 @@ def test_free_queue_matches_a_plain_list_model():
             used.append(b)
         assert a.free_queue() == model
         assert a.lru_blocks() == [b for b in model if b in cached]
-    a.check_invariants()
+    check_invariants(a)
 
 
 def test_blocks_are_found_only_once_their_kv_are_computed():
@@ -244,6 +245,6 @@ def test_blocks_are_found_only_once_their_kv_are_computed():
     assert m.allocate("c", prompt) == 2 * bs     # two full blocks are computed
     m.cache_blocks("a", len(prompt))
     assert m.allocate("d", prompt) == 4 * bs     # (n - 1) // BS = 4 hits at most
-    m.check_invariants()
+    check_invariants(m)
     with pytest.raises(ValueError, match="num_computed_tokens=18 is out of range"):
         m.cache_blocks("a", 18)

@@ -252,3 +252,52 @@ def test_a_swap_that_could_never_come_back_is_recomputed():
     assert [len(g.outputs) for g in s.finished] == [3, 3]
     m = s.policy.manager
     assert m.num_free_blocks == m.num_blocks and m.num_free_cpu_blocks == 3
+
+
+# ---- the whole-batch shortcut against its oracle ---------------------------------------------
+SHORTCUT_RUNS = [
+    dict(),                                                # recompute under pressure
+    dict(preemption_mode="swap"),
+    dict(n=3),                                             # parallel sampling: copy-on-write
+    dict(beam_width=3, preemption_mode="swap"),
+    dict(enable_prefix_caching=True, shared_prefix=True),  # hits, evictions
+    dict(chunked_prefill=True),
+    dict(policy="orca-max"),
+]
+
+
+def _plans(run_kw: dict, by_group: bool, monkeypatch) -> list:
+    """Every step's plan of a small, memory-starved run, as plain values."""
+    from minipaged.sim.workloads import make_workload, prompt_token_ids
+
+    kw = dict(run_kw)
+    n, beam = kw.pop("n", 1), kw.pop("beam_width", 1)
+    policy, shared = kw.pop("policy", "paged"), kw.pop("shared_prefix", False)
+    chunked = kw.pop("chunked_prefill", False)
+    mode = kw.pop("preemption_mode", "recompute")
+    with monkeypatch.context() as m:
+        if by_group:
+            m.setattr(Scheduler, "_schedule_running", Scheduler._decode_by_group)
+        pol = make_policy(policy, num_slots=60 * 8, block_size=8, max_seq_len=256,
+                          num_cpu_blocks=30, **kw)
+        s = Scheduler(pol, SchedulerConfig(max_model_len=256, chunked_prefill=chunked,
+                                           preemption_mode=mode))
+        for r in make_workload("alpaca", 40, seed=1, max_model_len=256):
+            prompt = prompt_token_ids(0 if shared else r.request_id, r.prompt_len)
+            s.add_request(r.request_id, prompt, min(r.output_len, 60), n=n, beam_width=beam)
+        outs = run(s)
+        assert not s.has_unfinished()
+    return [([q.seq_id for q in o.decodes], [(c.seq.seq_id, c.start, c.end) for c in o.prefills],
+             [(g.request_id, how) for g, how in o.preempted], o.blocks_to_copy,
+             o.blocks_to_swap_out, o.blocks_to_swap_in) for o in outs]
+
+
+@pytest.mark.parametrize("run_kw", SHORTCUT_RUNS, ids=lambda kw: ",".join(kw) or "plain")
+def test_the_whole_batch_shortcut_plans_exactly_what_the_group_walk_plans(run_kw, monkeypatch):
+    """``_schedule_running`` appends every decode at once when the whole batch fits; the
+    group-by-group walk (``_decode_by_group``) is its oracle: the same runs, step by step, give
+    the same decodes, prefills, preemptions, copies and swaps (block ids included)."""
+    fast = _plans(run_kw, False, monkeypatch)
+    assert fast == _plans(run_kw, True, monkeypatch)
+    if run_kw.get("policy", "paged") == "paged":
+        assert any(step[2] for step in fast), "the run should be starved enough to preempt"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from invariants import check_invariants
 
 from minipaged.serving.memory_policy import ContiguousPolicy, PagedPolicy, make_policy
 from minipaged.serving.scheduler import (
@@ -156,7 +157,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert c.seq_len(s.seq_id) == want
             return
         m = self.policy.manager
-        m.check_invariants()
+        check_invariants(m)
         live = set()
         for g in self.sched.running:
             for s in g.seqs:

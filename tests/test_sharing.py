@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from invariants import check_invariants
 from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
@@ -27,7 +28,7 @@ def test_fork_shares_every_block_and_copies_nothing():
     assert m.block_table("c") == m.block_table("p") == [0, 1]
     assert [m.ref_count(b) for b in (0, 1)] == [2, 2]
     assert m.num_free_blocks == 6 and m.take_copies() == []
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_copy_on_write_only_for_the_shared_last_block():
@@ -42,7 +43,7 @@ def test_copy_on_write_only_for_the_shared_last_block():
     assert m.take_copies() == [(1, 2)]
     assert m.ref_count(1) == 1  # the copy is handed over: it no longer holds its source
     assert m.take_copies() == []  # taken means cleared
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_copy_on_write_keeps_kv_of_both_sides():
@@ -83,10 +84,10 @@ def test_copy_source_freed_in_the_same_step_is_not_reused_before_the_copy():
     assert m.ref_count(0) == 1 and m.num_free_blocks == 1
     m.allocate("q", range(3))  # must get block 2, not block 0
     assert m.block_table("q") == [2]
-    m.check_invariants()
+    check_invariants(m)
     assert m.take_copies() == [(0, 1)]
     assert m.ref_count(0) == 0 and m.num_free_blocks == 1
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_copy_destination_freed_before_the_copy_drops_the_copy():
@@ -96,7 +97,7 @@ def test_copy_destination_freed_before_the_copy_drops_the_copy():
     m.append_slot("c", 5)
     m.free("c")
     assert m.take_copies() == []
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_blocks_needed_to_append_counts_copies():
@@ -141,7 +142,7 @@ def test_fork_and_copy_on_write_with_prefix_caching():
     for s in ("p", "c", "q"):
         m.free(s)
     assert m.num_free_blocks == 16
-    m.check_invariants()
+    check_invariants(m)
 
 
 def test_a_pending_copy_holds_its_source_and_a_dropped_copy_releases_it():
@@ -152,7 +153,7 @@ def test_a_pending_copy_holds_its_source_and_a_dropped_copy_releases_it():
     assert m.ref_count(0) == 2  # p's table + the pending copy
     m.free("c")  # the destination's only user leaves: nobody will read the copy
     assert m.take_copies() == [] and m.ref_count(0) == 1 and m.ref_count(1) == 0
-    m.check_invariants()
+    check_invariants(m)
 
 
 @pytest.mark.parametrize("prefix", [False, True])
@@ -205,7 +206,7 @@ def test_parallel_sampling_by_fork_in_both_modes(prefix):
     assert list(computed.values()) == [0, 10, 10] and blocks_with_sharing(m, group.seq_ids) == 3
     append_group(m, group, {s: 1 for s in group.seq_ids})
     assert len(m.take_copies()) == 2  # the last writer of the shared block keeps it
-    m.check_invariants()
+    check_invariants(m)
     free_group(m, group)
     assert m.num_free_blocks == 32
 
@@ -239,7 +240,7 @@ def test_beam_search_forks_survivors_and_frees_dropped_beams(prefix):
     assert b not in bs.beams and len(bs.beams) == 2
     assert bs.beams[0] == a  # the forked child is listed right after its parent
     m.take_copies()
-    m.check_invariants()
+    check_invariants(m)
     out = bs.finish()
     assert sorted(out.values()) == [[5, 6, 7, 1, 4], [5, 6, 7, 1, 5]]
     assert m.num_free_blocks == 32

@@ -9,7 +9,7 @@ make k - 1 copies. A pending copy is a *user* of its source, so a source freed i
 is not handed out (and overwritten) before the copy reads it; a copy whose destination is freed
 is dropped.
 
-Invariants (``check_invariants``; tests/test_sharing_stateful.py after every step):
+Invariants (tests/invariants.py, after every step of tests/test_sharing_stateful.py):
     1. a block's reference count = the table entries pointing at it + the pending copies that
        read it; so a block in no table stays allocated until its copies are taken;
     2. a pending copy's destination is in use (in some table) and is the source of no copy;
@@ -39,7 +39,7 @@ class CowBlockManager(BlockManager):
         """The child shares every block of the parent; nothing is copied (vLLM section 4.4)."""
         table = self._table(parent_seq_id)
         child = self._check_new("child_seq_id", child_seq_id)
-        self.allocator.incref_many(table)
+        self.allocator.share_blocks(table)
         self._tables[child] = list(table)
         self._tokens[child] = list(self._tokens[parent_seq_id])
 
@@ -53,15 +53,15 @@ class CowBlockManager(BlockManager):
         new = self.allocator.allocate()  # raises before anything changed
         # A shared block that is itself a pending copy: copy from *its* source (the same K/V).
         src = self._copies.get(shared, shared)
-        self.allocator.incref(src)  # the pending copy reads src (invariant 1)
+        self.allocator.share_blocks([src])  # the pending copy reads src (invariant 1)
         self._copies[new] = src
         self._reads[src] += 1
-        self.allocator.free(shared)  # this table leaves the shared block
+        self.allocator.release_blocks([shared])  # this table leaves the shared block
         table[-1] = new
 
     def _table_users(self, block: int) -> int:
         """Table entries pointing at ``block``: its reference count minus pending reads."""
-        return self.allocator.ref_count(block) - self._reads[block]
+        return self.allocator._ref[block] - self._reads.get(block, 0)
 
     @property
     def pending_copies(self) -> list[tuple[int, int]]:
@@ -75,7 +75,7 @@ class CowBlockManager(BlockManager):
         self._copies.clear()
         self._reads.clear()
         for src, _ in pairs:
-            self.allocator.free(src)  # handed over: the copy no longer holds its source
+            self.allocator.release_blocks([src])  # handed over: the copy no longer holds its source
         return pairs
 
     def _release(self, table: list[int]) -> None:
@@ -85,7 +85,7 @@ class CowBlockManager(BlockManager):
             self._reads[src] -= 1
             if self._reads[src] == 0:
                 del self._reads[src]
-            self.allocator.free(src)
+            self.allocator.release_blocks([src])
 
     # ---- room for a decode step ------------------------------------------------------------
     def blocks_needed_to_append(self, seq_ids: Iterable[SeqId]) -> int:
@@ -109,18 +109,3 @@ class CowBlockManager(BlockManager):
     # ---- accounting ------------------------------------------------------------------------
     def _held_outside_tables(self) -> int:
         return sum(1 for src in self._reads if self._table_users(src) == 0)
-
-    def _expected_ref_counts(self) -> Counter[int]:
-        refs = super()._expected_ref_counts()
-        for src in self._copies.values():
-            refs[src] += 1
-        return refs
-
-    def check_invariants(self) -> None:
-        """Assert invariants 1-2 of the module docstring (and the base's)."""
-        super().check_invariants()
-        sources = set(self._copies.values())
-        assert self._reads == Counter(self._copies.values()), "pending reads per source"
-        for dst in self._copies:
-            assert self._table_users(dst) >= 1, f"copy destination {dst} is in no table"
-            assert dst not in sources, f"block {dst} is both a copy source and destination"

@@ -20,7 +20,7 @@ A block with a hash is never written: after a ``rollback`` cut into one it stays
 K/V are intact) until the next write evicts it (one user) or copies it (shared).
 Read next: ``serving/swap.py``.
 
-Invariants (``check_invariants``; the stateful tests, with fork and copy-on-write):
+Invariants (tests/invariants.py, in the stateful tests with fork and copy-on-write):
     1. the free queue holds every free block once, unhashed ones first, then hashed ones least
        recently used first: allocation evicts only when nothing else is free;
     2. the table maps each hash to the blocks carrying it, each with its cached token ids;
@@ -133,16 +133,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def num_cached_free_blocks(self) -> int:
         return len(self.lru_blocks())
 
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        queue = [self._hash[b] is not None for b in self._free]
-        assert queue == sorted(queue), "a block with a hash is queued before one without"
-        held = sorted(b for blocks in self._cached.values() for b in blocks)
-        assert held == [b for b in range(self.num_blocks) if self._hash[b] is not None]
-        for h, blocks in self._cached.items():
-            for b in blocks:
-                assert self._hash[b] == h and self._block_tokens[b] is not None, f"block {b}"
-
 
 class PrefixCachingBlockManager(CowBlockManager):
     """``CowBlockManager`` plus prefix caching; with ``enable_prefix_caching=False`` it is
@@ -228,14 +218,18 @@ class PrefixCachingBlockManager(CowBlockManager):
         hash_fn that raises changes nothing) and cached."""
         if not self.enable_prefix_caching:
             return super().append_slot(seq_id, token_id)
-        self._table(seq_id)
+        table = self._table(seq_id)
         token_id = check_int("token_id", token_id, low=0)
         tokens, hashes, bs = self._tokens[seq_id], self._hashes[seq_id], self.block_size
         fills = (len(tokens) + 1) % bs == 0
         if fills:
             chunk = tuple(tokens[len(tokens) + 1 - bs:]) + (token_id,)
             h = self._hash_block(hashes[-1] if hashes else ROOT_HASH, chunk)
-        slot = super().append_slot(seq_id, token_id)  # may copy-on-write; raises unchanged
+        last = table[-1]
+        if len(tokens) % bs and self.allocator.block_hash(last) is not None \
+                and self._table_users(last) == 1:  # a block with a hash is never written:
+            self.allocator.evict(last)             # its only user evicts it first (a sharer
+        slot = super().append_slot(seq_id, token_id)  # copies it); raises with nothing changed
         if fills:  # a decode: every earlier token's K/V are written
             hashes.append(h)
             self._computed[seq_id] = len(hashes)
@@ -251,12 +245,6 @@ class PrefixCachingBlockManager(CowBlockManager):
                       high=self.seq_len(seq_id) + 1) // self.block_size
         self._computed[seq_id] = max(self._computed[seq_id], n)
         self._cache_full_blocks(seq_id)
-
-    def _before_write(self, table: list[int]) -> None:
-        if self.enable_prefix_caching and self.allocator.block_hash(table[-1]) is not None \
-                and self._table_users(table[-1]) == 1:  # a block with a hash is never written:
-            self.allocator.evict(table[-1])              # its only user evicts it first,
-        super()._before_write(table)                     # a sharer copies it (copy-on-write)
 
     def rollback(self, seq_id: SeqId, n: int) -> None:
         super().rollback(seq_id, n)
@@ -283,18 +271,3 @@ class PrefixCachingBlockManager(CowBlockManager):
         for i, (block, h) in enumerate(zip(self._tables[seq_id][:n], self._hashes[seq_id])):
             if self.allocator.block_hash(block) is None:
                 self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
-
-    def check_invariants(self) -> None:
-        """Assert invariants 1-3 of the module docstring (and the earlier stages')."""
-        super().check_invariants()
-        if not self.enable_prefix_caching:
-            return
-        bs = self.block_size
-        for s, table in self._tables.items():
-            hashes, tokens = self._hashes[s], self._tokens[s]
-            assert len(hashes) == len(tokens) // bs, f"seq {s!r}: one hash per full block"
-            for i, h in enumerate(hashes):
-                want = h if i < self._computed[s] else None
-                assert self.allocator.block_hash(table[i]) == want, f"seq {s!r}, block {i}"
-                assert want is None or self.allocator.block_token_ids(table[i]) == tuple(
-                    tokens[i * bs:(i + 1) * bs]), f"seq {s!r}, block {i}: cached tokens"

@@ -16,7 +16,7 @@ means, not the real traces); time comes from a roofline cost model, not an A100,
 rates differ and only ratios between policies are meaningful; the Orca baselines are the paper's
 own re-implementations, whose allocator details (e.g. how ``external fragmentation & others`` was
 counted) we can only infer; and in beam search, which beams survive depends on a language
-model, which the simulator replaces by one stated rule (``SimExecutor.beam_parent``).
+model, which the simulator replaces by one stated rule (``SimExecutor.beam_step``).
 """
 
 from __future__ import annotations

@@ -104,12 +104,23 @@ class SimResult:
         return asdict(self)
 
 
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix_in(h: int, x: int) -> int:
+    """One round of a small deterministic integer hash (splitmix-style): ``x`` folded into
+    ``h``."""
+    h = ((h ^ (x & _MASK64)) * 0xBF58476D1CE4E5B9) & _MASK64
+    return h ^ (h >> 31)
+
+
 def _mix(*xs: int) -> int:
-    """A small deterministic integer hash (splitmix-style): same inputs, same output."""
+    """The hash of ``xs``: same inputs, same output. Because it folds them in one by one,
+    ``_mix(a, b, c) == _mix_in(_mix(a, b), c)``, so a step hashes what its beams share once
+    (re-hashing it per beam was a fifth of experiment 2's time)."""
     h = 0x9E3779B97F4A7C15
     for x in xs:
-        h = ((h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        h ^= h >> 31
+        h = _mix_in(h, x)
     return h
 
 
@@ -125,11 +136,11 @@ class SimExecutor:
 
     Parallel sampling: the prompt's n samples start with n different tokens, then each goes on
     with ``next_token``. Beam search: which current beam each new beam extends is
-    ``beam_parent``'s rule (one parameter, ``beam_displaced``). This choice decides how much of
+    ``beam_step``'s rule (one parameter, ``beam_displaced``). This choice decides how much of
     the generated text beams share, so the measured saving (Fig. 15) is only as good as this
     model of beam survival."""
 
-    # d: beams displaced per step, on average (see beam_parent). An argument, not a measurement.
+    # d: beams displaced per step, on average (see beam_step). An argument, not a measurement.
     BEAM_DISPLACED = 1.0
 
     def __init__(self, cost: CostModel, block_bytes: int, seed: int = 0, *,
@@ -140,8 +151,9 @@ class SimExecutor:
         self.block_size = block_size  # None: a contiguous cache (no per-block cost)
         self.blocks_read = 0  # running total, for experiment 4
 
-    def beam_parent(self, order: int, pos: int, j: int, num_beams: int) -> int:
-        """Which of the group's ``num_beams`` current beams new beam ``j`` extends (an index).
+    def beam_step(self, order: int, pos: int, k: int, num_beams: int) -> list[tuple[int, int]]:
+        """The ``k`` new beams of a group whose ``num_beams`` current beams are ``pos`` tokens
+        long: for each, (index of the current beam it extends, its new token).
 
         The rule: new beam j extends current beam j, its own lineage, unless it is displaced,
         which happens with probability d / k (k = num_beams, d = ``beam_displaced``); a
@@ -156,21 +168,26 @@ class SimExecutor:
         Fig. 15. d = k is the fully random choice (every parent drawn uniformly), which merges
         lineages faster and overshoots the paper at width 6 (about 69% saved against 55.2%).
         At the first step there is one beam, the prompt, and every new beam extends it."""
-        if j < num_beams:
-            u = (_mix(self.seed, order, pos, j, 1) >> 11) / float(1 << 53)  # uniform in [0, 1)
-            if u >= self.beam_displaced / num_beams:
-                return j
-        return _mix(self.seed, order, pos, j) % num_beams
+        h_step = _mix(self.seed, order, pos)
+        out = []
+        for j in range(k):
+            h = _mix_in(h_step, j)  # = _mix(seed, order, pos, j)
+            parent = h % num_beams  # displaced (or a beam beyond the current ones)
+            if j < num_beams:
+                u = (_mix_in(h, 1) >> 11) / float(1 << 53)  # uniform in [0, 1)
+                if u >= self.beam_displaced / num_beams:
+                    parent = j
+            out.append((parent, (h >> 20) % VOCAB + 1))
+        return out
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        sum_ctx = sum(c.end for c in out.prefills) + sum(len(s.token_ids) for s in out.decodes)
+        # The context each sequence attends over: a prefill chunk up to its end, a decode all.
+        ctx = [c.end for c in out.prefills] + [len(s.token_ids) for s in out.decodes]
         nb = 0
         if self.block_size is not None:
-            bs = self.block_size
-            nb = sum(cdiv(c.end, bs) for c in out.prefills) + sum(
-                cdiv(len(s.token_ids), bs) for s in out.decodes)
+            nb = sum(cdiv(n, self.block_size) for n in ctx)
             self.blocks_read += nb
-        dt = self.cost.step_time(out.num_tokens, sum_ctx, blocks_read=nb,
+        dt = self.cost.step_time(out.num_tokens, sum(ctx), blocks_read=nb,
                                  blocks_swapped=len(out.blocks_to_swap_in)
                                  + len(out.blocks_to_swap_out), block_bytes=self.block_bytes)
         samples: list = []
@@ -191,10 +208,8 @@ class SimExecutor:
             # The prompt's step makes k beams; every later step keeps as many as it samples
             # (all k, except when a recomputed group's prefill chunks end in different steps).
             k = g.beam_width if pos == g.prompt_len else len(idx)
-            for j in range(k):
-                h = _mix(self.seed, g.order, pos, j)
-                samples[idx[self.beam_parent(g.order, pos, j, len(idx))]].append(
-                    (h >> 20) % VOCAB + 1)
+            for parent, token in self.beam_step(g.order, pos, k, len(idx)):
+                samples[idx[parent]].append(token)
         return StepResult(dt, samples)
 
 
