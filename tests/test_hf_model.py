@@ -30,7 +30,7 @@ transformers = pytest.importorskip(
 pytest.importorskip("tokenizers", reason="pip install 'minipaged[hf]'")
 
 from minipaged.kit.cli import main  # noqa: E402
-from minipaged.kit.cli.run import _escape as escape  # noqa: E402
+from minipaged.kit.cli.generation import _escape as escape  # noqa: E402
 from minipaged.model.engine import LLM  # noqa: E402
 from minipaged.model.hf import CheckpointError, load_hf, load_hf_model  # noqa: E402
 from minipaged.model.pool import pool_size  # noqa: E402

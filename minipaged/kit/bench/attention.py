@@ -124,7 +124,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from minipaged.kit.cli.run import refuse_if_too_big
+    from minipaged.kit.cli.common import refuse_if_too_big
 
     if args.quick:
         for name, value in QUICK.items():

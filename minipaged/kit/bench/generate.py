@@ -28,7 +28,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from minipaged.kit.cli.run import TORCH_HINT, refuse_if_too_big
+    from minipaged._install import TORCH_HINT
+    from minipaged.kit.cli.common import refuse_if_too_big
 
     if importlib.util.find_spec("torch") is None:
         raise ValueError(TORCH_HINT)

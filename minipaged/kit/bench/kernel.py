@@ -151,7 +151,7 @@ def run(args) -> int:
         raise ValueError(f"--heads={args.heads} must be a multiple of --kv-heads="
                          f"{args.kv_heads}")
     if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
-        from minipaged.kit.cli.run import refuse_if_too_big
+        from minipaged.kit.cli.common import refuse_if_too_big
 
         itemsize = 2 if args.dtype == "float16" else 4
         refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads="

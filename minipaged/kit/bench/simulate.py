@@ -17,7 +17,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from minipaged.kit.cli.run import check_sim_size, progress_bar
+    from minipaged.kit.cli.common import check_sim_size, progress_bar
     from minipaged.sim.simulator import SimConfig, simulate
 
     sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])

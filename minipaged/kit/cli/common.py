@@ -1,0 +1,153 @@
+"""What the runners share: which errors are the user's, memory limits, reading, progress, JSON.
+
+A runner checks what the parser cannot (sizes against the memory there is, files that must be
+readable), then calls the package's plain functions and prints. A refusal is a ValueError
+whose message names the argument, its value and what was expected; ``main`` prints it, as one
+line, when ``user_errors`` counts its kind, described by ``describe``. The ``bench`` runners
+(``minipaged/kit/bench/``) use the same memory checks and progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+
+# ---- errors and sizes --------------------------------------------------------------------------
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions bad input causes. Errors of the package's own kinds count too, when the
+    module that defines them was imported (a module never imported raised nothing)."""
+    from minipaged._checks import OutOfBlocksError
+
+    kinds: list[type[BaseException]] = [ValueError, TypeError, OSError, ArithmeticError,
+                                        RecursionError, MemoryError, OutOfBlocksError]
+    for module, name in (("minipaged.model.runner", "BackendUnavailableError"),
+                         ("minipaged.cuda.cpu_build", "CompilerNotFoundError"),
+                         ("minipaged.cuda.cpu_build", "BuildError")):
+        if module in sys.modules:
+            kinds.append(getattr(sys.modules[module], name))
+    return tuple(kinds)
+
+
+def describe(e: BaseException) -> str:
+    """One line for an error: its message, or what the error means when it has none."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text (byte {e.start}: {e.reason})"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename!r}: {e.strerror}" if e.filename else e.strerror
+    if isinstance(e, RecursionError):
+        return "the input nests too deeply"
+    if isinstance(e, MemoryError):
+        return f"out of memory {e}".strip()
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def available_memory() -> int:
+    """Bytes this process could still allocate: the system's available memory, capped by the
+    process's address-space limit (``ulimit -v``) when one is set."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            avail = min(avail, soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return avail
+
+
+def refuse_if_too_big(what: str, need: float) -> None:
+    """Refuse a run, before it allocates, whose memory would exceed half of what is available
+    (the rest is for everything the estimate leaves out)."""
+    from minipaged.kit.quiz import nbytes
+
+    limit = available_memory() / 2
+    if need > limit:
+        raise ValueError(f"{what} would need about {nbytes(need)} of memory; at most "
+                         f"{nbytes(limit)} (half of what is available) may be used")
+
+
+# Measured here with /usr/bin/time (max RSS over runs of two sizes): the simulator holds about
+# 95 bytes per paged block (135 with prefix caching) and about 7 KB per request of a ShareGPT
+# workload that arrives all at once (its sequences, token ids and per-step records).
+SIM_BYTES_PER_BLOCK = 150
+SIM_BYTES_PER_REQUEST = 8_000
+
+
+def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b",
+                   kv_cache_gb: float | None = None, block_size: int | None = 16,
+                   flag: str = "--num-requests") -> None:
+    """Refuse a simulation too big for this machine (``block_size=None``: a contiguous policy,
+    which keeps no per-block state)."""
+    from minipaged.sim.memory import preset
+
+    p = preset(model, kv_cache_gb=kv_cache_gb)
+    blocks = 0 if block_size is None else p.num_blocks(block_size)
+    what = f"{flag}={num_requests}" + (f" x {samples} sequences" if samples > 1 else "")
+    if kv_cache_gb is not None:
+        what += f" with --kv-cache-gb={kv_cache_gb:g} ({blocks:,} simulated blocks)"
+    refuse_if_too_big(what, num_requests * samples * SIM_BYTES_PER_REQUEST
+                      + blocks * SIM_BYTES_PER_BLOCK)
+
+
+@contextmanager
+def reading(flag: str, value: str):
+    """Errors while reading the file an argument named become one line naming the argument."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag}={value!r} is not UTF-8 text (byte {e.start}); expected "
+                         "a text file") from None
+    except RecursionError:
+        raise ValueError(f"{flag}={value!r} nests too deeply to be read") from None
+    except OSError as e:
+        raise ValueError(f"{flag}={value!r} cannot be read: {e.strerror or e}") from None
+
+
+# ---- output helpers ----------------------------------------------------------------------------
+
+def progress_bar(console, label: str):
+    """A rich progress bar as a context manager yielding ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True, disable=not console.is_terminal) as prog:
+            task = prog.add_task(label, total=None)
+            yield lambda done, total: prog.update(task, completed=done, total=total)
+    return bar()
+
+
+def _jsonable(obj):
+    """JSON objects have string keys (results keyed by block size or width), and strict JSON
+    has no Infinity (an all-at-once request rate is written "inf")."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
+
+
+def write_json(console, path: str, obj) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_jsonable(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
+        f.write("\n")
+    console.print(f"wrote {path}")

@@ -1,0 +1,273 @@
+"""The model's commands: ``generate`` (prompts through the paged cache) and ``train``.
+
+Each command is its ``--help`` text, its parser (``add_NAME``) and its runner (``NAME``).
+``generate`` runs the tiny trained model, or a Hugging Face one with ``--model DIR``, through
+the paged engine (``minipaged/model/engine.py``) or the plain reference generator, and draws
+its progress and block tables on stderr; ``train`` retrains the shipped checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from minipaged._install import HF_EXTRA, TORCH_HINT  # the install hint, one text for every command
+from minipaged.kit.cli.args import (
+    NON_NEGATIVE,
+    bounds,
+    command,
+    input_dir,
+    input_file,
+    num,
+    output_file,
+    path,
+)
+from minipaged.kit.cli.common import SIM_BYTES_PER_BLOCK, describe, reading, refuse_if_too_big
+
+# ---- generate ----------------------------------------------------------------------------------
+
+GENERATE_HELP = """\
+The tiny model completing prompts through the paged KV cache.
+
+Every prompt becomes a request; all of them run as one continuous batch through the scheduler,
+and each prompt's completion is printed on one line, in prompt order (a newline inside a
+completion is printed as \\n). --reference runs the plain generator (one sequence at a time,
+a contiguous cache each) instead: the two must print the same thing for greedy decoding.
+
+The shipped model was trained on one task, counting down ("count down from 42:"), so that its
+answers can be checked; any printable ASCII prompt is accepted, but elsewhere it babbles.
+"""
+
+GENERATE_EXAMPLES = """\
+examples:
+  minipaged generate "count down from 42:"
+  minipaged generate "count down from 9:" "count down from 23:" --block-size 4 --show-blocks
+  minipaged generate "count down from 20:" --n 3 --temperature 0.8 --seed 1
+  minipaged generate "count down from 12:" --beam-width 4
+  minipaged generate "count down from 30:" "count down from 33:" --num-blocks 30 \\
+      --block-size 4 --preemption swap      (a pool too small for both: watch the preemptions)
+"""
+
+
+def add_generate(sub) -> None:
+    p = command(sub, "generate", "complete prompts with the tiny trained model through the "
+                "paged cache", GENERATE_HELP, generate, epilog=GENERATE_EXAMPLES)
+    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="printable ASCII prompt(s)")
+    num(p, "--max-tokens", int, 80, "new tokens at most")
+    num(p, "--temperature", float, 0.0, "0 = greedy; > 0 samples from softmax(logits / T)",
+        bounds(low=0))
+    num(p, "--top-k", int, 0, "sample among the k likeliest (0 = all)", NON_NEGATIVE)
+    num(p, "--n", int, 1, "parallel samples per prompt (they share the prompt's blocks)")
+    num(p, "--beam-width", int, 1, "> 1: beam search, that many beams")
+    num(p, "--seed", int, 0, "sampling seed", NON_NEGATIVE)
+    num(p, "--num-blocks", int, None, "KV pool size in blocks (unset: 256 for the tiny model, "
+        "else what --kv-cache-gb holds)")
+    num(p, "--kv-cache-gb", float, None, "KV budget in GiB when --num-blocks is unset (unset: "
+        "1 with --model)", bounds(above=0), metavar="GB")
+    path(p, "--model", input_dir, "a Hugging Face model directory (Llama, Qwen2, Qwen3)")
+    p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
+    num(p, "--max-model-len", int, None, "with --model: positions to keep (unset: the config's)")
+    num(p, "--block-size", int, 16, "token slots per block")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="share full prompt blocks across requests by hash (vLLM v1)")
+    p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
+                   help="what to do when the pool runs out")
+    num(p, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS tokens "
+        "(0: off, except for models of more than 8192 positions, chunked by 512)", NON_NEGATIVE,
+        metavar="TOKENS")
+    p.add_argument("--reference", action="store_true",
+                   help="use the plain reference generator (contiguous cache, no batching)")
+    p.add_argument("--show-blocks", action="store_true",
+                   help="draw the block tables after every step that changes them (stderr)")
+    p.add_argument("--backend", choices=("numpy", "cuda-cpu", "cupy"), default="numpy",
+                   help="attention and cache kernels: NumPy, the CUDA kernels under their CPU "
+                        "emulation (cuda-cpu: needs g++), or the same kernels on a GPU through "
+                        "CuPy (cupy: needs a CUDA GPU and CuPy)")
+    path(p, "--checkpoint", input_file, "a checkpoint other than the shipped one")
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _block_drawer(console):
+    """An ``on_step`` callback that draws the block tables when a step changed them."""
+    from rich.text import Text
+
+    last: dict = {}
+
+    def draw(stats) -> None:
+        tables = stats.block_tables
+        if tables == last.get("tables") and not stats.copies and not stats.preempted:
+            return
+        last["tables"] = {k: list(v) for k, v in tables.items()}
+        head = Text(f"step {stats.step:3d}  prefill {stats.num_prefill_tokens:3d} tok  "
+                    f"decode {stats.num_decodes:2d}  free blocks {stats.num_free_blocks}",
+                    style="bold")
+        for what, value, style in (("copy-on-write", stats.copies, "magenta"),
+                                   ("preempted", stats.preempted, "red"),
+                                   ("swapped in", stats.swapped_in, "yellow")):
+            if value:
+                head.append(f"  {what} {value}", style=style)
+        console.print(head)
+        for sid, table in sorted(tables.items()):
+            line = Text(f"  seq {sid:3d} ")
+            for b in table:
+                line.append(f"[{b:3d}]", style=f"color({16 + (b * 37) % 200})")
+            console.print(line)
+
+    return draw
+
+
+def _progress(console, every_s: float = 2.0):
+    """An ``on_step`` callback: prefill and decode tokens/s over the last ``every_s`` seconds."""
+    last = {"t": time.perf_counter(), "pre": 0, "dec": 0}
+
+    def show(stats) -> None:
+        last["pre"] += stats.num_prefill_tokens
+        last["dec"] += stats.num_decodes
+        dt = time.perf_counter() - last["t"]
+        if dt >= every_s:
+            console.print(f"[dim]step {stats.step}: prefill {last['pre'] / dt:,.0f} tok/s, "
+                          f"decode {last['dec'] / dt:,.0f} tok/s, "
+                          f"{stats.num_free_blocks} free blocks[/dim]")
+            last.update(t=time.perf_counter(), pre=0, dec=0)
+
+    return show
+
+
+def _load_hf(args):
+    """(model, tokenizer, prompts as token ids or text) for ``--model DIR``."""
+    try:
+        from minipaged.model.hf import load_hf
+
+        model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
+    except ImportError as e:
+        raise ValueError(f"--model needs {e.name}: from a checkout, {HF_EXTRA}") from None
+    prompts = args.prompts
+    if args.chat:   # the template writes the special tokens itself: encode without adding any
+        prompts = [tok.encode(tok.chat_prompt(p), bos=False) for p in prompts]
+    return model, tok, prompts
+
+
+def generate(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_HINT)
+    import pickle
+
+    import torch
+    from rich.console import Console
+
+    from minipaged.model.checkpoint import load_model
+    from minipaged.model.sampling import SamplingParams
+
+    torch.set_num_threads(1)
+    err = Console(stderr=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_k=args.top_k, n=args.n, beam_width=args.beam_width,
+                            seed=args.seed)
+    tokenizer, prompts = None, args.prompts
+    if args.model is not None:
+        if args.checkpoint is not None:
+            raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
+        model, tokenizer, prompts = _load_hf(args)
+    elif args.chat or args.max_model_len is not None:
+        raise ValueError("--chat and --max-model-len need --model DIR")
+    elif args.checkpoint is None:
+        model = load_model()
+    else:
+        try:
+            with reading("--checkpoint", args.checkpoint):
+                model = load_model(args.checkpoint)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as e:
+            raise ValueError(f"--checkpoint={args.checkpoint!r} is not a minipaged checkpoint "
+                             f"({describe(e)})") from None
+    t0 = time.perf_counter()
+    if args.reference:
+        from minipaged.model.reference import ReferenceGenerator
+
+        outs = ReferenceGenerator(model, tokenizer=tokenizer).generate(prompts, params)
+        summary = "reference generator (contiguous cache per sequence)"
+    else:
+        from minipaged.model.engine import LLM
+
+        c = model.cfg
+        pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
+        kv = (pools * 2 * c.n_layers * c.n_kv_heads * c.head_dim * args.block_size
+              * next(model.parameters()).element_size())
+        if args.num_blocks is not None:
+            refuse_if_too_big(f"--num-blocks={args.num_blocks} x --block-size={args.block_size} "
+                              "(the KV pool)", args.num_blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
+        elif args.kv_cache_gb is not None:
+            refuse_if_too_big(f"--kv-cache-gb={args.kv_cache_gb:g} (the KV pool)",
+                              pools * args.kv_cache_gb * 2**30)
+        llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
+                  block_size=args.block_size, kv_cache_gb=args.kv_cache_gb,
+                  enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
+                  chunked_prefill=(args.chunked_prefill > 0) or None,
+                  max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
+        show = [_progress(err)]
+        if args.show_blocks:
+            show.append(_block_drawer(err))
+        llm.on_step = lambda stats: [f(stats) for f in show]
+        outs = llm.generate(prompts, params)
+        err.print(f"[dim]{llm.pool_note}[/dim]")
+        summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
+                   f"{llm.runner.num_blocks_copied} blocks copied on write, "
+                   f"{llm.runner.num_blocks_swapped} swapped; pool back to "
+                   f"{llm.manager.num_free_blocks}/{llm.num_blocks} free blocks")
+    dt = time.perf_counter() - t0
+    for prompt, o in zip(args.prompts, outs):
+        texts = " || ".join(_escape(c.text) for c in o.outputs)
+        sys.stdout.write(f"{_escape(prompt)} => {texts}\n")
+    sys.stdout.flush()
+    n_tok = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    err.print(f"[dim]{summary}; {n_tok} tokens in {dt:.2f} s[/dim]")
+    return 0
+
+
+# ---- train -------------------------------------------------------------------------------------
+
+TRAIN_HELP = """\
+Train the tiny counting model that ships with the package (seeded; 5 to 15 minutes on one busy
+CPU core) and write the checkpoint with a JSON report of its held-out score beside it. The
+defaults are the settings of the shipped checkpoint (minipaged/model/train.py explains them).
+
+examples:
+  minipaged train                                  (rewrites the shipped checkpoint)
+  minipaged train --steps 50 --out /tmp/x.pt       (a quick smoke run)
+"""
+
+
+def add_train(sub) -> None:
+    from minipaged.model.checkpoint import DEFAULT_CHECKPOINT
+    from minipaged.model.train import TrainSettings
+
+    d = TrainSettings()
+    p = command(sub, "train", "train the tiny counting model (a few minutes of CPU)",
+                TRAIN_HELP, train)
+    num(p, "--seed", int, d.seed, "seed of the examples and the initial weights", NON_NEGATIVE)
+    num(p, "--steps", int, d.steps, "optimizer steps")
+    num(p, "--batch-size", int, d.batch_size, "examples per step")
+    num(p, "--lr", float, d.lr, "AdamW peak learning rate", bounds(above=0))
+    num(p, "--warmup", int, d.warmup, "warm-up steps before the cosine decay", NON_NEGATIVE)
+    num(p, "--weight-decay", float, d.weight_decay, "AdamW weight decay", bounds(low=0))
+    num(p, "--threads", int, d.threads, "torch CPU threads")
+    num(p, "--num-eval", int, d.num_eval, "held-out prompts scored after training")
+    path(p, "--out", output_file, "where to write the checkpoint (and its .json report)",
+         default=str(DEFAULT_CHECKPOINT))
+
+
+def train(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_HINT)
+    from minipaged.model.train import TrainSettings, train
+
+    train(TrainSettings(seed=args.seed, steps=args.steps, batch_size=args.batch_size,
+                        lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
+                        threads=args.threads, num_eval=args.num_eval), args.out)
+    return 0

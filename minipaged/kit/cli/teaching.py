@@ -1,0 +1,230 @@
+"""The teaching commands: ``demo``, ``check``, ``quiz`` and ``present``.
+
+Each command is its ``--help`` text, its parser (``add_NAME``) and its runner (``NAME``), which
+hands the parsed arguments to the classroom kit: the demo player (``kit/demo.py``), the grader
+(``kit/grader/``), the interview drills (``kit/quiz/``) and the slide presenter
+(``kit/present.py``, ``kit/figures.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from minipaged.kit.cli.args import NON_NEGATIVE, bounds, command, input_file, num, output_dir, path
+from minipaged.kit.cli.common import check_sim_size, reading
+
+# ---- demo --------------------------------------------------------------------------------------
+
+DEMO_HELP = """\
+Watch a paged KV cache work, one step at a time. Scenes, in tour order:
+
+  fragmentation  the same requests in a contiguous cache (max / pow2 / oracle reservations)
+                 and in a paged cache, with the waste of each (vLLM paper Fig. 2)
+  paging         block tables growing token by token; slot = block * block_size + offset
+  fork           parallel sampling: forked sequences share blocks, copy-on-write on append
+  beam           beam search: forking candidates and freeing dropped beams
+  prefix         a shared system prompt: prefix-cache hits and LRU eviction
+  cow-prefix     fork with the prefix cache on: full blocks shared by hash, the last one
+                 by copy-on-write; a copy, once full, found by hash by another request
+  preempt        a pool too small: swapping to a CPU pool and back, and recomputation
+  attention      a query walking its block table; the output equals dense attention
+  model          the tiny trained model generating through the paged engine: real text in
+                 the blocks, two samples sharing the prompt, copy-on-write (needs torch)
+
+Without SCENE, plays all scenes this checkout supports, in order (--list says which).
+Keys: space or right arrow = next, a = autoplay on/off, q = quit. When stdout is not a
+terminal the demo plays through without waiting and exits 0.
+"""
+
+
+def add_demo(sub) -> None:
+    p = command(sub, "demo", "the classroom demo: live pictures of block tables, sharing and "
+                "preemption", DEMO_HELP, demo)
+    p.add_argument("scene", nargs="?", metavar="SCENE",
+                   help="one scene to play (default: the whole tour); see the list above")
+    num(p, "--seed", int, 0, "random seed of the requests (same seed, same pictures)",
+        NON_NEGATIVE)
+    num(p, "--width", int, None, "force the layout width in columns (60 to 500), e.g. for a "
+        "projector", bounds(high=500))
+    num(p, "--speed", float, 1.5, "seconds per frame when autoplaying", bounds(above=0))
+    p.add_argument("--autoplay", action="store_true", help="start in autoplay (a pauses)")
+    path(p, "--svg", output_dir, "also write each frame as an SVG file into DIR", metavar="DIR")
+    path(p, "--html", output_dir, "also write each frame as an HTML file into DIR",
+         metavar="DIR")
+    p.add_argument("--list", action="store_true",
+                   help="list the scenes and whether this checkout can play them")
+
+
+def demo(args) -> int:
+    from minipaged.kit import demo as player
+
+    return player.run(args)
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+CHECK_HELP = """\
+Grade your answer to an exercise with hidden tests.
+
+  minipaged check 6                      grades exercises/06_paged_gather.py
+  minipaged check ~/work/my_gather.py    grades a copy anywhere (its EXERCISE line says which)
+  minipaged check --list                 lists the exercises
+  minipaged check 6 --solution           grades the reference solution (a spoiler)
+
+Prints which cases pass, the first failing case with its inputs, expected and actual values,
+and a hint. Exits 0 when every case passes, 1 otherwise, 2 when the argument names nothing.
+"""
+
+
+def add_check(sub) -> None:
+    p = command(sub, "check", "grade an exercise with hidden tests", CHECK_HELP, check)
+    p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
+                   help="an exercise number (1-14) or the path of your file")
+    p.add_argument("--list", action="store_true", help="list the exercises and exit")
+    p.add_argument("--solution", action="store_true",
+                   help="grade exercises/solutions/NN_*.py instead (spoiler)")
+    num(p, "--timeout", float, 20.0, "seconds the import or one case may run before it is "
+        "stopped, so an endless loop is reported instead of hanging (0 = no limit)",
+        bounds(low=0))
+
+
+def check(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from minipaged.kit.grader import all_exercises, grade, resolve
+    from minipaged.kit.grader.report import print_report
+
+    console = Console()
+    if args.list or not args.exercise:
+        table = Table(title="exercises (minipaged check NUMBER)")
+        for col, justify in (("#", "right"), ("file", "left"), ("topic", "left"),
+                             ("cases", "right")):
+            table.add_column(col, justify=justify)
+        for ex in all_exercises().values():
+            table.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
+        console.print(table)
+        return 0 if args.list else 2
+    exercise, path = resolve(args.exercise, solution=args.solution)
+    result = grade(exercise, path, timeout_s=args.timeout)
+    print_report(result, console)
+    return 0 if result.passed else 1
+
+
+# ---- quiz --------------------------------------------------------------------------------------
+
+QUIZ_HELP = """\
+Interview drills: the interview answer's question (Chinese and English), its follow-ups and
+pitfalls, and more questions a strong interviewer asks. Every number in an answer is computed
+as it prints, by the calculator, the simulator and the managers, with the command that
+reproduces it; where the interview answer is wrong, the drill says so (the same verdict as
+`minipaged factcheck`). When stdout is not a terminal and --answers is not given, the
+questions are printed as a worksheet and nothing waits for a key.
+
+  minipaged quiz                 interactive: a key reveals each answer
+  minipaged quiz --answers       print every question and answer
+  minipaged quiz --only why-16   one drill (key or number)
+  minipaged quiz --glossary      every key term in English and Chinese
+"""
+
+
+def add_quiz(sub) -> None:
+    p = command(sub, "quiz", "interview drills on PagedAttention, answered with live numbers",
+                QUIZ_HELP, quiz)
+    p.add_argument("--answers", action="store_true", help="print every answer, never wait")
+    p.add_argument("--only", action="append", metavar="KEY|N",
+                   help="only this drill (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the drills and exit")
+    p.add_argument("--glossary", action="store_true", help="print the glossary and exit")
+    num(p, "--num-requests", int, 300, "requests per simulation behind the answers")
+    num(p, "--seed", int, 0, "simulation seed", NON_NEGATIVE)
+
+
+def quiz(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from minipaged.kit import quiz
+    from minipaged.kit.quiz.glossary import glossary_table
+
+    console = Console()
+    if args.glossary:
+        console.print(glossary_table())
+        return 0
+    if args.list:
+        t = Table(title="interview drills (minipaged quiz --only KEY)")
+        for col in ("#", "key", "source", "question"):
+            t.add_column(col)
+        for i, d in enumerate(quiz.DRILLS, 1):
+            t.add_row(str(i), d.key, d.source, f"{d.zh}\n{d.en}")
+        console.print(t)
+        return 0
+    drills = quiz.select(list(quiz.DRILLS), args.only)
+    check_sim_size(args.num_requests, 4)           # the drills simulate beams of width 4
+    ctx = quiz.Context(args.num_requests, args.seed)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    return quiz.run_quiz(drills, ctx, answers=args.answers, interactive=interactive,
+                         console=console)
+
+
+# ---- present -----------------------------------------------------------------------------------
+
+PRESENT_HELP = """\
+A terminal presenter for the Marp deck: it pages through the slides (Marp's front matter
+skipped), shows each image as the plain-text twin of its SVG (slides/figures/NAME.txt), shows
+speaker notes (HTML comments) with n, and plays a live demo scene where a slide says
+<!-- demo: SCENE -->.
+
+Keys in a terminal: space / right / enter = next, b / left = back, n = notes on/off,
+d = play the slide's demo scene, q = quit. When stdout is not a terminal every slide is
+printed once, nothing waits, exit 0.
+
+    minipaged present slides/pagedattention.md
+    minipaged present slides/pagedattention.md --notes --slide 12
+    minipaged present --build-figures      regenerate slides/figures/ (demo + simulator)
+    minipaged present --check-figures      exit 1 if a committed figure is stale
+"""
+
+
+def add_present(sub) -> None:
+    p = command(sub, "present", "present the slide deck in the terminal; regenerate its "
+                "figures", PRESENT_HELP, present)
+    path(p, "deck", input_file, "the Marp deck to present", nargs="?", metavar="slides/NAME.md")
+    p.add_argument("--notes", action="store_true", help="show speaker notes from the start")
+    num(p, "--slide", int, 1, "start at this slide (1-based)")
+    p.add_argument("--build-figures", action="store_true",
+                   help="regenerate every figure in slides/figures/ (demo frames + simulator)")
+    p.add_argument("--check-figures", action="store_true",
+                   help="exit 1 when a committed figure differs from a fresh rendering")
+    path(p, "--figures-dir", output_dir, "where the figures live (unset: slides/figures)")
+
+
+def present(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from minipaged.kit import figures
+    from minipaged.kit.present import present
+
+    console = Console()
+    out = Path(args.figures_dir) if args.figures_dir else figures.default_dir()
+    if args.build_figures:
+        with console.status("drawing figures..."):
+            made = figures.build(out)
+        console.print(f"wrote {len(made)} figures (.svg + .txt) and manifest.json to {out}")
+        return 0
+    if args.check_figures:
+        bad = list(figures.stale(out))
+        if bad:
+            console.print(f"[red]stale or missing figures:[/] {', '.join(bad)}\n"
+                          f"regenerate with: minipaged present --build-figures")
+            return 1
+        console.print("every figure is up to date")
+        return 0
+    if not args.deck:
+        raise ValueError("name a deck, e.g. minipaged present slides/pagedattention.md")
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    with reading("deck", args.deck):
+        return present(Path(args.deck), notes=args.notes, start=args.slide,
+                       interactive=interactive, console=console)
