@@ -23,8 +23,8 @@ def _three_requests(chunked: bool) -> dict:
     from minipaged.serving.memory_policy import make_policy
     from minipaged.serving.scheduler import Scheduler, SchedulerConfig
     from minipaged.sim.cost import CostModel
+    from minipaged.sim.executor import SimExecutor
     from minipaged.sim.memory import preset
-    from minipaged.sim.simulator import SimExecutor
 
     policy = make_policy("paged", num_slots=256, block_size=4, max_seq_len=64, watermark=0.0)
     s = Scheduler(policy, SchedulerConfig(max_model_len=64, chunked_prefill=chunked,
