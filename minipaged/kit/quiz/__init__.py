@@ -8,8 +8,10 @@ the attention code). The package, in reading order:
     answer.py            the interview answer (a model answer to "explain vLLM's
                          PagedAttention" that the course fact-checks), as data
     context.py           what the drills and the fact-check share: one Context of
-                         measurements, pct and nbytes
-    factcheck.py         every claim of the interview answer, measured, with one verdict
+                         measurements, pct and nbytes, Answer and Finding
+    factcheck.py         every claim of the interview answer, measured, with one verdict;
+                         its checks in factcheck_memory.py (where memory goes, sharing,
+                         batching) and factcheck_blocks.py (block size, tables, kernels)
     drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
     drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
     drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
