@@ -23,8 +23,9 @@ from minipaged.serving.memory_policy import make_policy
 from minipaged.serving.scheduler import Scheduler, SchedulerConfig
 from minipaged.sim import experiments
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import SimExecutor
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import SimConfig, SimExecutor, simulate
+from minipaged.sim.simulator import SimConfig, simulate
 
 console = Console()
 ctx = canonical()  # the course's one run configuration: lessons 04-10, quiz, fact-check, slides
@@ -36,7 +37,8 @@ ctx = canonical()  # the course's one run configuration: lessons 04-10, quiz, fa
 # blocks of 4 slots. Each request will end with 15 tokens with K/V, 4 blocks: all four need
 # 16 blocks, so they cannot all stay. Watch the scheduler admit, decode, run out of blocks and
 # preempt the newest request, then bring it back. The executor is the simulator's stand-in for
-# a model (a cost model for time, a hash of the history for the next token).
+# a model (`minipaged/sim/executor.py`: a cost model for time, a hash of the history for the
+# next token).
 
 # %%
 

@@ -160,7 +160,7 @@ assert off["parallel"] < 5 and off["beam"] < 10   # the paragraph below, checked
 # 55.2%. Parallel sampling lands within a few points, a little above. Beam search
 # lands within about five points at every width, but that figure rests on a model: the
 # simulator has no language model, so which beams survive a step follows one stated rule
-# (`SimExecutor.beam_step` in `sim/simulator.py`): each new beam extends its own beam unless
+# (`SimExecutor.beam_step` in `sim/executor.py`): each new beam extends its own beam unless
 # displaced, and on average one beam per step is displaced by another's second-best
 # continuation. Drawing every parent at random instead merges the beams' histories much faster
 # and saves about 69% at width 6. How much history beams share is the one figure here that

@@ -11,8 +11,10 @@
 # The plan: prompt in, pages filled step by step, a forked sample sharing its prompt's blocks
 # until it writes (copy-on-write), text out, the same text as a plain generator with a
 # contiguous cache, and a memory report. Code: `minipaged/model/engine.py` (the engine),
-# `minipaged/model/runner.py` (one packed forward pass per step), `minipaged/model/reference.py`
-# (the oracle). Previous: lesson 08. Next: lesson 10 (the fact-check).
+# `minipaged/model/engine_samples.py` (its samples and forks), `minipaged/model/engine_beams.py`
+# (its beam search), `minipaged/model/runner.py` (one packed forward pass per step),
+# `minipaged/model/reference.py` (the oracle). Previous: lesson 08. Next: lesson 10 (the
+# fact-check).
 
 # %%
 from __future__ import annotations

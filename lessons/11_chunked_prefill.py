@@ -40,8 +40,9 @@ from minipaged.paged.paged_attention import paged_prefill_attention
 from minipaged.serving.memory_policy import make_policy
 from minipaged.serving.scheduler import Scheduler, SchedulerConfig
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import SimExecutor
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import SimConfig, SimExecutor, build, simulate
+from minipaged.sim.simulator import SimConfig, build, simulate
 from minipaged.sim.workloads import prompt_token_ids
 
 console = Console()

@@ -18,9 +18,10 @@ import pytest
 
 from minipaged.kit.quiz.context import canonical
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import SimExecutor
 from minipaged.sim.experiments import PAPER_FIG15_ALPACA
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import SimConfig, SimExecutor, simulate
+from minipaged.sim.simulator import SimConfig, simulate
 
 COST = CostModel.for_preset(preset("opt-13b"))
 

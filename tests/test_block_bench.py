@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from minipaged.kit.bench.allocator import PlainBlockManager, make_trace, replay
+from minipaged.kit.bench.allocator import make_trace, replay
+from minipaged.kit.bench.plain_manager import PlainBlockManager
 from minipaged.kit.cli import main
 from minipaged.serving.swap import KVCacheManager
 

@@ -1,5 +1,6 @@
-"""The systems drills (``minipaged/kit/quiz/drills_systems.py``): what interviews ask beyond the
-paper, each answer computed by the package.
+"""The systems drills (``minipaged/kit/quiz/drills_systems.py``, which gathers those of
+``drills_engine.py`` and ``drills_kv_bytes.py``): what interviews ask beyond the paper, each
+answer computed by the package.
 
 What is promised, and tested here:
 - one drill per topic (chunked prefill, the v1 engine, num_gpu_blocks, TP, fp8, MLA,
@@ -16,7 +17,8 @@ from __future__ import annotations
 import re
 
 from minipaged.kit.quiz import DRILLS, Context, drills_systems
-from minipaged.kit.quiz.drills_systems import capture_sizes, window_blocks
+from minipaged.kit.quiz.drills_engine import capture_sizes
+from minipaged.kit.quiz.drills_systems import window_blocks
 
 SMALL = Context(num_requests=30, seed=0)
 KEYS = ["chunked-prefill", "v1-engine", "num-gpu-blocks", "tp-kv-heads", "fp8-kv", "mla",

@@ -7,8 +7,8 @@ import pytest
 from minipaged.serving.memory_policy import make_policy
 from minipaged.serving.scheduler import Scheduler, SchedulerConfig, StepResult
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import SimExecutor
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import SimExecutor
 
 COST = CostModel.for_preset(preset("opt-13b"))
 

@@ -25,8 +25,8 @@ from minipaged._checks import cdiv
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
 from minipaged.serving.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import SimExecutor
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import SimExecutor
 
 MAX_LEN = 48
 COST = CostModel.for_preset(preset("opt-13b"))

@@ -31,8 +31,8 @@ from minipaged.serving.scheduler import (
     SchedulerConfig,
 )
 from minipaged.sim.cost import CostModel
+from minipaged.sim.executor import VOCAB, SimExecutor
 from minipaged.sim.memory import preset
-from minipaged.sim.simulator import VOCAB, SimExecutor
 
 MAX_LEN = 32
 COST = CostModel.for_preset(preset("opt-13b"))

@@ -11,6 +11,7 @@ Read in this order:
     sampling.py    SamplingParams, greedy / seeded sampling, beam search steps
     reference.py   the plain generator with a contiguous per-sequence cache: the oracle
     engine.py      LLM: the paged engine, driven by minipaged.serving.scheduler
+    engine_samples.py, engine_beams.py   the engine's sampling, parallel samples, beam search
     hf.py, hf_tokenizer.py, pool.py   Hugging Face checkpoints; the pool from a KV budget
 
 torch is imported only by decoder.py, reference.py, engine.py and the training script, never

@@ -7,6 +7,8 @@ What it teaches: how the pieces of the course become a serving engine (vLLM sect
     KVCacheManager (../kv_cache)  which physical blocks hold which sequence (through PagedPolicy)
     PagedRunner (runner.py)       the K/V arrays and one packed forward pass per step
     sampling.py                   the next token (greedy, seeded sampling, beam search)
+    engine_samples.py             the engine's records of samples, parallel samples, outputs
+    engine_beams.py               beam search: beams forked and dropped as sequences of a group
 
 One step of ``generate``: ``schedule()`` returns the plan; the runner applies its swap-outs,
 swap-ins and copy-on-write copies, then runs the step's prefill chunks and decodes in one forward
@@ -24,70 +26,35 @@ earlier (<eos>, a stop string, a beam search that is done) is ended by the engin
 The oracle is reference.py: the same model, a contiguous cache per sequence, no sharing, no
 batching. tests/test_engine.py checks that both produce the same tokens for every request.
 
-Read before: runner.py, ../scheduler.py. Read next: lessons/09_model_end_to_end.py.
+This module holds the loop: ``generate`` checks and admits the requests, ``_run`` steps until
+all are done, ``_step`` is one step; what the engine does with a step's logits is in
+engine_samples.py (sampling, parallel samples) and engine_beams.py (beam search), whose methods
+``LLM`` inherits.
+
+Read before: runner.py, ../scheduler.py. Read next: engine_samples.py, engine_beams.py, then
+lessons/09_model_end_to_end.py.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from minipaged.model.decoder import Decoder
+from minipaged.model.engine_beams import BeamSearchMixin
+from minipaged.model.engine_samples import SamplingMixin, _Request, _SeqState
 from minipaged.model.runner import PagedRunner, SeqWork
-from minipaged.model.sampling import (
-    Beam,
-    CompletionOutput,
-    RequestOutput,
-    SamplingParams,
-    apply_stop,
-    beam_step,
-    finish_reason,
-    log_softmax,
-    resolve_seed,
-    sample_token,
-)
+from minipaged.model.sampling import Beam, RequestOutput, SamplingParams, resolve_seed
 from minipaged.model.tokenizer import CharTokenizer, prompt_ids
 from minipaged.serving.memory_policy import PagedPolicy
-from minipaged.serving.scheduler import (
-    FINISHED,
-    NoProgressError,
-    Scheduler,
-    SchedulerConfig,
-    StepResult,
-)
+from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
 
 PREEMPTION_MODES = ("recompute", "swap")
 LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
-
-
-@dataclass
-class _SeqState:
-    """The engine's record of one sample or beam (kept after the scheduler forgets it)."""
-
-    request: int                      # index into self._reqs
-    index: int                        # sample index: picks the random stream of this sample
-    tokens: list = field(default_factory=list)    # generated token ids
-    cum_logprob: float = 0.0
-    logits: list = field(default_factory=list)    # [V] per generated token, if asked for
-    reason: str | None = None
-
-
-@dataclass
-class _Request:
-    prompt_index: int
-    ids: list[int]
-    first_index: int = 0              # v1 mode splits n samples into n requests
-    group: object = None
-    states: list = field(default_factory=list)    # every _SeqState of this request
-    beams: dict = field(default_factory=dict)     # beam search: seq_id -> live Beam
-    beams_done: list = field(default_factory=list)  # beam search: (Beam, reason)
-    beam_over: bool = False
-    params: SamplingParams | None = None          # this request's (its own max_tokens)
 
 
 @dataclass
@@ -105,7 +72,7 @@ class StepStats:
     num_free_blocks: int
 
 
-class LLM:
+class LLM(SamplingMixin, BeamSearchMixin):
     """A paged generation engine over a Decoder.
 
     model                     a Decoder, a Hugging Face model directory (hf.py), or None
@@ -313,148 +280,3 @@ class LLM:
                                    {sid: m.block_table(sid) for sid in m.seq_ids
                                     if not m.is_swapped(sid)},
                                    m.num_free_blocks))
-
-    # ---- sampling and parallel samples ---------------------------------------------------------
-    def _record(self, st: _SeqState, lg: np.ndarray, t: int) -> None:
-        # time to first token, per prompt: setdefault keeps the earliest of its samples
-        self._first_token.setdefault(self._reqs[st.request].prompt_index, time.perf_counter())
-        st.tokens.append(t)
-        st.cum_logprob += float(log_softmax(lg)[t])
-        if self._return_logits:
-            st.logits.append(lg)
-
-    def _samples(self, sampled, logits) -> list:
-        p = self._params
-        samples, self._forks = [], {}
-        for s, lg in zip(sampled, logits):
-            st = self._live[s.seq_id]
-            if not st.tokens and p.n > 1 and not self.enable_prefix_caching:
-                # The prompt's logits serve all n samples: this sequence continues as sample 0
-                # and the scheduler forks one child per further sample (vLLM v0: the children
-                # share every prompt block; the partly filled last one is copied on write).
-                toks = [sample_token(lg, p, self._seed, i, 0) for i in range(p.n)]
-                req = self._reqs[st.request]
-                children = [_SeqState(st.request, i) for i in range(1, p.n)]
-                for c, t in zip(children, toks[1:]):
-                    self._record(c, lg, t)
-                req.states.extend(children)
-                self._forks[s.seq_id] = children
-                self._record(st, lg, toks[0])
-                samples.append(toks)
-            else:
-                t = sample_token(lg, p, self._seed, st.index, len(st.tokens))
-                self._record(st, lg, t)
-                samples.append(t)
-        return samples
-
-    def _after_update(self, sched, out, samples, step) -> None:
-        """Give forked children their records; finish sequences that ended early."""
-        touched = []
-        for s in out.sampled:
-            st = self._live[s.seq_id]
-            touched.append((s, st))
-            children = self._forks.get(s.seq_id, [])
-            if children:
-                known = set(self._live)
-                new = [x for x in s.group.seqs if x.seq_id not in known]
-                # Children appear in sample order; all of them are gone already only when
-                # one token was all they could produce (then they have finished).
-                for x, c in zip(new, children):
-                    self._live[x.seq_id] = c
-                    touched.append((x, c))
-                if len(new) < len(children):
-                    for c in children[len(new):]:
-                        touched.append((None, c))
-        for s, st in touched:
-            req = self._reqs[st.request]
-            st.reason = finish_reason(st.tokens, len(req.ids), req.params,
-                                      self.model.cfg.max_seq_len, self.tokenizer.eos_ids,
-                                      self.tokenizer.decode)
-            if st.reason is None or s is None:
-                continue
-            if s in s.group.seqs:           # "length" was handled by update() already
-                sched.finish_seq(s, float(step))
-            self._live.pop(s.seq_id, None)
-
-    # ---- beam search ------------------------------------------------------------------------
-    def _beam_samples(self, sampled, logits) -> list:
-        """One beam step per request whose beams were all computed this step. Each sequence
-        gets the tokens of its surviving children (the first continues it, the others fork it;
-        none: it is dropped and its blocks lose a user)."""
-        k, eos = self._params.beam_width, self.tokenizer.eos_id
-        by_req: dict[int, list[int]] = {}
-        for j, s in enumerate(sampled):
-            by_req.setdefault(self._live[s.seq_id].request, []).append(j)
-        samples: list = [None] * len(sampled)
-        self._beam_plan = {}
-        for r, js in by_req.items():
-            req = self._reqs[r]
-            seqs = [sampled[j] for j in js]
-            assert len(seqs) == len(req.group.seqs), "a beam group must be sampled together"
-            live = [req.beams[s.seq_id] for s in seqs]
-            survivors, done = beam_step(live, [log_softmax(logits[j]) for j in js], k, eos)
-            req.beams_done.extend((b, "stop") for b in done)
-            new_live = [(i, Beam(live[i].tokens + [t], sc)) for i, t, sc in survivors]
-            out_len = self._output_len(req.ids, req.params)
-            if len(req.beams_done) >= k or not new_live:
-                req.beam_over = True
-                for j in js:
-                    samples[j] = eos            # no forks; the engine ends the group after update
-                continue
-            if len(new_live[0][1].tokens) >= out_len:
-                # update() ends every sequence at its length: the live beams finish as they are.
-                req.beams_done.extend((b, "length") for _, b in new_live)
-                req.beam_over = True
-            per_parent = {i: [] for i in range(len(seqs))}
-            for i, b in new_live:
-                per_parent[i].append(b)
-            for i, j in enumerate(js):
-                samples[j] = [b.tokens[-1] for b in per_parent[i]]
-            self._beam_plan[r] = (seqs, per_parent)
-        return samples
-
-    def _beam_after_update(self, sched, out, samples, step) -> None:
-        for r, (seqs, per_parent) in self._beam_plan.items():
-            req = self._reqs[r]
-            if req.beam_over:
-                continue
-            known = set(req.beams)
-            new = iter([x for x in req.group.seqs if x.seq_id not in known])
-            beams = {}
-            for i, s in enumerate(seqs):
-                bs = per_parent[i]
-                if bs:
-                    beams[s.seq_id] = bs[0]
-                    for b in bs[1:]:
-                        child = next(new)
-                        beams[child.seq_id] = b
-                        self._live[child.seq_id] = _SeqState(r, 0)
-            req.beams = beams
-        for req in self._reqs:
-            if req.beam_over and req.group is not None and req.group.status != FINISHED:
-                for s in list(req.group.seqs):
-                    sched.finish_seq(s, float(step))
-                req.beams = {}
-
-    # ---- results ---------------------------------------------------------------------------
-    def _collect(self, prompts, encoded) -> list[RequestOutput]:
-        p = self._params
-        results = [RequestOutput(i, prompts[i], ids) for i, ids in enumerate(encoded)]
-        for req in self._reqs:
-            res = results[req.prompt_index]
-            if p.beam_width > 1:
-                ranked = sorted(req.beams_done, key=lambda br: -br[0].score())[: p.beam_width]
-                res.outputs = [CompletionOutput(i, self.tokenizer.decode(b.tokens), b.tokens,
-                                                b.cum_logprob, reason)
-                               for i, (b, reason) in enumerate(ranked)]
-                continue
-            for st in req.states:
-                text = apply_stop(self.tokenizer.decode(st.tokens), p.stop)[0]
-                res.outputs.append(CompletionOutput(
-                    st.index, text, st.tokens, st.cum_logprob, st.reason,
-                    np.stack(st.logits) if self._return_logits else None))
-        for res in results:
-            res.outputs.sort(key=lambda o: o.index)
-        for res in results:
-            res.first_token_time = self._first_token.get(res.request_id)
-        return results

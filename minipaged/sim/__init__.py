@@ -2,6 +2,7 @@
 
 Read in this order: ``workloads.py`` (who asks for how many tokens, and when), ``memory.py``
 (how many token slots a model leaves on a GPU; ``minipaged kv-calc``), ``cost.py`` (how long a
-step takes), ``simulator.py`` (the loop; ``minipaged simulate``), ``experiments.py`` (the
-paper's figures; ``minipaged experiment N``). ``commands.py`` holds the command-line glue.
+step takes), ``executor.py`` (the stand-in model: step times and tokens), ``simulator.py`` (the
+loop; ``minipaged simulate``), ``experiments.py`` (the paper's figures;
+``minipaged experiment N``). ``commands.py`` holds the command-line glue.
 """

@@ -5,7 +5,7 @@ bound by *memory traffic*: every step reads all the weights once, whatever the b
 every running sequence's KV cache. Batching 32 sequences instead of 8 costs little more time
 than reading the weights, so throughput grows almost linearly with the batch, and the batch is
 limited by KV cache memory. That is the whole case for PagedAttention (paper sections 2.3 and 3).
-Read next: ``simulator.py``.
+Read next: ``executor.py``.
 
 Assumptions (each one a simplification; the figures are estimates, not measurements):
     1. Weights: each step reads every weight once from HBM: ``weight_bytes / (mem_bw x mem_eff)``.

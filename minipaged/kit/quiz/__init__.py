@@ -8,12 +8,17 @@ the attention code). The package, in reading order:
     answer.py            the interview answer (a model answer to "explain vLLM's
                          PagedAttention" that the course fact-checks), as data
     context.py           what the drills and the fact-check share: one Context of
-                         measurements, pct and nbytes
-    factcheck.py         every claim of the interview answer, measured, with one verdict
+                         measurements, pct and nbytes, Answer and Finding
+    factcheck.py         every claim of the interview answer, measured, with one verdict;
+                         its checks in factcheck_memory.py (where memory goes, sharing,
+                         batching) and factcheck_blocks.py (block size, tables, kernels)
     drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
     drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
     drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
-    drills_systems.py    interviewer drills: vLLM v1, TP, fp8, MLA, speculation, critiques
+    drills_engine.py     interviewer drills: vLLM v1's scheduling, engine step, pool size
+    drills_kv_bytes.py   interviewer drills: a token's KV bytes under TP, fp8, MLA
+    drills_systems.py    interviewer drills: speculation, sliding windows, offloading, beams
+                         outside the engine, critiques; its DRILLS gathers all three modules'
     glossary.py          the course's vocabulary in English and Chinese
 
 This module runs the drills: one at a time in a terminal (a key reveals each answer), all at

@@ -7,6 +7,10 @@ lessons 04, 06, 07 and 10, ``minipaged quiz``, ``minipaged factcheck`` and the s
 (``kit/figures.py``) all state their shared figures from it, and print ``ctx.label`` beside
 them; a run of any other size says so the same way (tests/test_factcheck.py checks that every
 place states the same figure).
+
+Also here, the shapes of what they return: a drill's ``Answer``, and the fact-check's
+``Finding`` on one claim with its verdict (``VERDICTS``; ``finding`` builds one from the
+claim's id).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from minipaged.kit.quiz.answer import CLAIMS
 
 # The canonical run configuration (see the module docstring).
 CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
@@ -54,6 +60,29 @@ class Drill:
     zh: str
     en: str
     answer: Callable[[Context], Answer]
+
+
+VERDICTS = ("holds", "off", "unsupported")
+
+
+@dataclass
+class Finding:
+    """The fact-check's finding on one claim of the interview answer (``factcheck.py``)."""
+
+    claim_id: str
+    quote: str          # the claim in Chinese, as the interview answer makes it
+    claim: str          # the claim in English
+    measured: str       # what minipaged measures or computes
+    verdict: str        # holds | off | unsupported
+    right: str          # the right figure, or the evidence, with its source
+    figures: dict
+    run: str = ""       # the run its simulations came from (Context.label)
+
+
+def finding(claim_id: str, measured: str, verdict: str, right: str, **figures) -> Finding:
+    assert verdict in VERDICTS, verdict
+    zh, en = CLAIMS[claim_id]
+    return Finding(claim_id, zh, en, measured, verdict, right, figures)
 
 
 class Context:
