@@ -2,9 +2,10 @@
 
 What it teaches: how the pieces of the course become a serving engine (vLLM section 4).
 
-    Scheduler (../scheduler.py)   who runs this step: admissions FCFS, one decode slot per running
-                                  sequence, preemption of the newest group by swap or recompute
-    KVCacheManager (../kv_cache)  which physical blocks hold which sequence (through PagedPolicy)
+    Scheduler                     who runs this step: admissions FCFS, one decode slot per running
+      (../serving/scheduler.py)   sequence, preemption of the newest group by swap or recompute
+    KVCacheManager                which physical blocks hold which sequence (through PagedPolicy)
+      (../serving/swap.py)
     PagedRunner (runner.py)       the K/V arrays and one packed forward pass per step
     sampling.py                   the next token (greedy, seeded sampling, beam search)
     engine_samples.py             the engine's records of samples, parallel samples, outputs
@@ -31,7 +32,7 @@ all are done, ``_step`` is one step; what the engine does with a step's logits i
 engine_samples.py (sampling, parallel samples) and engine_beams.py (beam search), whose methods
 ``LLM`` inherits.
 
-Read before: runner.py, ../scheduler.py. Read next: engine_samples.py, engine_beams.py, then
+Read before: runner.py, ../serving/scheduler.py. Read next: engine_samples.py, engine_beams.py, then
 lessons/09_model_end_to_end.py.
 """
 

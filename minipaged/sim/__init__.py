@@ -4,5 +4,5 @@ Read in this order: ``workloads.py`` (who asks for how many tokens, and when), `
 (how many token slots a model leaves on a GPU; ``minipaged kv-calc``), ``cost.py`` (how long a
 step takes), ``executor.py`` (the stand-in model: step times and tokens), ``simulator.py`` (the
 loop; ``minipaged simulate``), ``experiments.py`` (the paper's figures;
-``minipaged experiment N``). ``commands.py`` holds the command-line glue.
+``minipaged experiment N``). The command-line glue is in ``kit/cli/simulation.py``.
 """

@@ -190,7 +190,7 @@ def sharing_savings(ctx: Context) -> Answer:
             "other: large savings. The paper (Fig. 15, Alpaca, OPT-13B): 6.1%-9.8% for sampling, "
             "37.6%-55.2% for beam search (saving = blocks saved / blocks without sharing). The "
             "simulator has no language model: which beams survive a step follows one stated "
-            "rule (sim/simulator.py, SimExecutor.beam_step), so its beam figures are a model."),
+            "rule (sim/executor.py, SimExecutor.beam_step), so its beam figures are a model."),
         figures=figures,
         commands=[f"minipaged experiment 2 --num-requests {ctx.num_requests} --seed {ctx.seed}",
                   "minipaged check 9"])
