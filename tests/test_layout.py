@@ -128,4 +128,4 @@ def test_core_budgets():
     assert not too_long, f"core files over 300 lines: {too_long}"
     # The design budget for the core path is 2,700 lines; it is not met yet (the closing notes
     # report the figure). Until it is, this ratchet keeps the core from growing.
-    assert sum(lines.values()) <= 3250, f"core path is {sum(lines.values())} lines (> 3,250)"
+    assert sum(lines.values()) <= 3180, f"core path is {sum(lines.values())} lines (> 3,180)"
