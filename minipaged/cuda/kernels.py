@@ -6,7 +6,7 @@ spells their C++ names, which are
 
     NVRTC's name expressions   (cupy_runner.py; tests/test_cuda_nvrtc.py; report.py)
     what the nvcc -ptx check instantiates       (nvcc_source(); tests/test_cuda_nvcc.py)
-    what the CPU harness exports, one C function per (dtype, D, BS)    (emu/cpu_build.py)
+    what the CPU harness exports, one C function per (dtype, D, BS)    (emu/wrappers.py)
 
 so adding a head size here adds it everywhere at once.
 Read next: checks.py (what a launch trusts, and which version runs).
