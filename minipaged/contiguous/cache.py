@@ -1,59 +1,45 @@
 """A contiguous KV cache with Orca-style reservations, and where its memory goes.
 
 What this teaches: the problem PagedAttention solves (vLLM paper, section 3 and Fig. 2). Before
-vLLM, a serving system kept each request's K/V in ONE contiguous region, reserved when the request
-is admitted, because attention kernels wanted K/V as one dense [T, Hkv, D] array. The request's
-final length is unknown at admission, so the region is sized by a *policy* (the paper's Orca
-baselines, section 6.1), for a request of P prompt tokens that will end with F tokens:
+vLLM, a serving system kept each request's K/V in ONE contiguous region, reserved at admission,
+because attention kernels wanted K/V as one dense [T, Hkv, D] array. The final length is unknown
+then, so a *policy* sizes the region (the paper's Orca baselines, section 6.1), for a request of
+P prompt tokens that will end with F tokens:
 
-    max     reserve max_seq_len slots for every request                      (Orca (Max))
-    pow2    reserve P + next_pow2(F - P): the prompt, plus the output rounded up to a power
-            of two, at most max_seq_len ("over-reserves the space for outputs by at most
-            2x": an output of 25 reserves 32; prompt 100 + 32 = 132)        (Orca (Pow2))
-    oracle  reserve exactly F (needs to know the future)                     (Orca (Oracle))
+    max     max_seq_len slots for every request                               (Orca (Max))
+    pow2    P + next_pow2(F - P): the output rounded up to a power of two ("over-reserves the
+            space for outputs by at most 2x"), at most max_seq_len            (Orca (Pow2))
+    oracle  exactly F (needs to know the future)                              (Orca (Oracle))
 
-Regions are placed by the buddy allocator of ``buddy.py``. Read next:
-``paged/block_allocator.py`` (stage 3, lesson 03), where the same memory is cut into blocks.
+Regions are placed by the buddy allocator of ``buddy.py``; a request owning [off, off + n) keeps
+token t at slot off + t of ``key_arena`` / ``value_arena`` (each [num_slots, Hkv, D]), so
+``kv(seq_id)`` is a plain slice that dense attention reads with no gather: what contiguity buys.
+Read next: ``paged/block_allocator.py`` (stage 3, lesson 03), where the same memory is paged.
 
-Storage: ``key_arena`` and ``value_arena``, each [num_slots, Hkv, D]. A request owning region
-[off, off + n) keeps token position t at slot off + t, so ``kv(seq_id)`` is a plain slice
-[T, Hkv, D] that dense attention reads directly: no gather, the one thing contiguity buys.
+Where every slot goes (``usage()``, the categories of ``usage.py``), for a request with n tokens
+written, final length F, a reservation of R slots and H slots held by the allocator:
 
-Where every slot goes (``usage()``; the categories of ``usage.py``), for a request with n tokens
-written, final length F, a policy reservation of R slots and H slots held by the allocator
-(H = R when ``exact_fit``, else next_pow2(R)):
-
-    token                    n           K/V of tokens that exist now
-    reserved                 F - n       kept for tokens the request will still produce
-    internal_fragmentation   H - F       held but never used: (R - F) is the policy's
-                                         over-reservation, (H - R) the allocator's rounding
-                                         slack; ``breakdown()`` reports the two separately
+    token                    n        K/V of tokens that exist now
+    reserved                 F - n    kept for tokens the request will still produce
+    internal_fragmentation   H - F    never used: R - F the policy's over-reservation, H - R the
+                                      allocator's rounding (``breakdown()`` splits the two)
     external_fragmentation   free slots in buddy blocks smaller than next_pow2(need), the block
                              a region of ``need`` slots must be cut from (default max_seq_len)
     free                     the other free slots
 
-Why ``need``: "free but not allocatable as one region" only means something for a region of a
-given size (a 64-slot hole is waste for a 2048-token reservation, fine for a 40-token one). A
-scheduler passes what its next waiting request needs, ``reservation_size(P, F)``; under load,
-when that request does not fit, every free slot is then external fragmentation, which is how the
-paper's "external fragmentation & others" bar fills up (Fig. 2). Even an empty arena shows some
-when ``num_slots`` is not a multiple of next_pow2(need): 15,728 slots (OPT-13B, A100-40GB) =
-8192 + 4096 + 2048 + 1392 in smaller blocks, which can never hold a 2048-slot region.
-
-Why ``exact_fit=True`` by default: the policies differ only in how much they reserve (section
-6.1). A plain buddy allocator would round each region up to a power of two on top (an oracle
-region of 100 slots would hold 128, a pow2 region of 132 would hold 256): slack of the
-allocator, not of the policy. So the allocator gives each block's unused tail back;
-``exact_fit=False`` keeps the rounding (``breakdown()``'s ``internal_rounding``).
-
-Running totals make every call O(log num_slots), for a simulator; ``store_kv=False`` keeps only
-the accounting (``advance`` instead of ``write``).
+"Free but not allocatable" only means something for a region of a given size, so a scheduler
+passes its next waiting request's ``reservation_size``; when that one does not fit, every free
+slot is external fragmentation, which is how the paper's "external fragmentation & others" bar
+fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused tail back, so
+the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps the power-of-two
+rounding (H = next_pow2(R)). Running totals make every call O(log num_slots), for a simulator;
+``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,7 +52,7 @@ POLICIES = ("max", "pow2", "oracle")
 __all__ = ["POLICIES", "ContiguousKVCache", "OutOfMemoryError", "Reservation"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reservation:
     """One live request: its region [offset, offset + held) and lengths (slots)."""
 
@@ -75,17 +61,7 @@ class Reservation:
     final_len: int  # F: tokens the request will have when it finishes
     size: int  # R: what the policy reserved
     held: int  # H: what the allocator holds (>= size)
-    num_tokens: int  # n: tokens whose K/V are in the cache now
-
-
-class _Seq:
-    """The mutable record behind a Reservation (slotted: ``advance`` runs every step)."""
-
-    __slots__ = ("offset", "prompt_len", "final_len", "size", "held", "num_tokens")
-
-    def __init__(self, offset: int, prompt_len: int, final_len: int, size: int, held: int):
-        self.offset, self.prompt_len, self.final_len = offset, prompt_len, final_len
-        self.size, self.held, self.num_tokens = size, held, 0
+    num_tokens: int = 0  # n: tokens whose K/V are in the cache now
 
 
 class ContiguousKVCache:
@@ -121,7 +97,7 @@ class ContiguousKVCache:
             shape = (self.num_slots, self.num_kv_heads, self.head_size)
             self.key_arena = np.zeros(shape, self.dtype)
             self.value_arena = np.zeros(shape, self.dtype)
-        self._seqs: dict[Hashable, _Seq] = {}
+        self._seqs: dict[Hashable, Reservation] = {}
         # Running sums over live requests: n, F, R, H. usage() reads these instead of looping.
         self._sum_tokens = self._sum_final = self._sum_size = self._sum_held = 0
 
@@ -159,21 +135,21 @@ class ContiguousKVCache:
             raise OutOfMemoryError(e.needed, e.largest_free, e.num_free,
                                    f" reserving seq_id={seq_id!r} (policy {self.policy})") from None
         held = self.allocator.held(offset)
-        self._seqs[seq_id] = _Seq(offset, prompt_len, final_len, size, held)
+        self._seqs[seq_id] = Reservation(offset, prompt_len, final_len, size, held)
         self._sum_final += final_len
         self._sum_size += size
         self._sum_held += held
         return offset
 
     # ---- tokens -------------------------------------------------------------------------------
-    def _get(self, seq_id: Hashable) -> _Seq:
+    def _get(self, seq_id: Hashable) -> Reservation:
         r = self._seqs.get(seq_id)
         if r is None:
             live = list(self._seqs)[:8]
             raise ValueError(f"unknown seq_id={seq_id!r}: no live reservation (live: {live})")
         return r
 
-    def _grow(self, seq_id: Hashable, r: _Seq, t: int, verb: str) -> None:
+    def _grow(self, seq_id: Hashable, r: Reservation, t: int, verb: str) -> None:
         if r.num_tokens + t > r.final_len:
             raise ValueError(
                 f"{verb}(seq_id={seq_id!r}) of {t} tokens would make {r.num_tokens + t} tokens, "
@@ -237,9 +213,8 @@ class ContiguousKVCache:
         return list(self._seqs)
 
     def reservation(self, seq_id: Hashable) -> Reservation:
-        """A snapshot of the request's region and lengths."""
-        r = self._get(seq_id)
-        return Reservation(r.offset, r.prompt_len, r.final_len, r.size, r.held, r.num_tokens)
+        """A copy of the request's region and lengths."""
+        return replace(self._get(seq_id))
 
     def seq_len(self, seq_id: Hashable) -> int:
         return self._get(seq_id).num_tokens
@@ -273,14 +248,12 @@ class ContiguousKVCache:
 
     def usage(self, need: int | None = None) -> KVUsage:
         """The paper's categories now, as slot counts (``.fractions()`` for shares), from running
-        totals in O(log num_slots). ``need``: the region size that decides which free slots are
-        external fragmentation (default max_seq_len); pass the next waiting request's
+        totals. ``need``: the region size that decides which free slots are external
+        fragmentation (default max_seq_len); pass the next waiting request's
         ``reservation_size(prompt_len, final_len)``."""
-        usable = self._usable(need)
-        return KVUsage(total=self.num_slots, token=self._sum_tokens,
-                       reserved=self._sum_final - self._sum_tokens,
-                       internal_fragmentation=self._sum_held - self._sum_final,
-                       external_fragmentation=self.allocator.num_free - usable, free=usable)
+        b = self.breakdown(need)
+        internal = b.pop("internal_policy") + b.pop("internal_rounding")
+        return KVUsage(total=self.num_slots, internal_fragmentation=internal, **b)
 
     def usage_slow(self, need: int | None = None) -> KVUsage:
         """Oracle for ``usage``: recount from every reservation and every free block (O(n))."""

@@ -6,9 +6,7 @@ token's K/V go to slot ``block_table[p // BS] * BS + p % BS`` (the *slot mapping
 ``cache_ops.reshape_and_cache`` uses). A block is taken only when the last one is full, so a
 sequence never holds more than BS - 1 unused slots. Nothing is shared yet: ``sharing/cow.py``,
 ``sharing/prefix_cache.py`` and ``serving/swap.py`` (``minipaged.KVCacheManager``) subclass it.
-
-``rollback(seq_id, n)`` undoes n appends: the slots of rejected speculative tokens go back
-and blocks left empty are released.
+``rollback(seq_id, n)`` undoes n appends (rejected speculative tokens).
 
 Invariants (tests/invariants.py asserts them after every step of the stateful tests):
     1. a live sequence of L tokens has exactly ceil(L / BS) entries in its block table;
@@ -144,17 +142,15 @@ class BlockManager:
         return table[-1] * self.block_size + offset
 
     def _before_write(self, table: list[int]) -> None:
-        """A token goes into the partly filled last block (``sharing/cow.py`` copies if shared)."""
+        """A token goes into the partly filled last block: ``sharing/cow.py`` copies if shared."""
 
     def rollback(self, seq_id: SeqId, n: int) -> None:
-        """Give back the slots of the sequence's last ``n`` tokens (rejected speculative
-        tokens), 0 <= n < seq_len: at least one token stays. Blocks left with no token lose
-        this user (``free`` of the tail); the partly filled last block stays, and the next
-        ``append_slot`` writes over its rolled-back slots (copying it first if it is shared:
-        a rollback itself writes nothing). A bad ``n`` changes nothing. Call it, like
-        ``free``, once the step's K/V are written (prefix caching caches a block as it fills).
-        vLLM v1 keeps the blocks and moves ``num_computed_tokens`` back instead
-        (vllm/v1/core/sched/scheduler.py update_from_output); its next step reuses them."""
+        """Give back the slots of the last ``n`` tokens, 0 <= n < seq_len (rejected speculative
+        tokens; a bad ``n`` changes nothing). Blocks left empty lose this user; the next
+        ``append_slot`` overwrites the last block's rolled-back slots (copy-on-write first if
+        it is shared). Call it once the step's K/V are written, like ``free``. vLLM v1 keeps
+        the blocks and moves ``num_computed_tokens`` back instead
+        (vllm/v1/core/sched/scheduler.py update_from_output)."""
         table, tokens = self._table(seq_id), self._tokens[seq_id]
         n = check_int("n", n, low=0, high=len(tokens))
         keep = len(tokens) - n
@@ -177,10 +173,8 @@ class BlockManager:
     def usage(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
         length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
-        last block can be partly filled, at one fill in every table holding it, so the blocks in
-        tables hold BS tokens each minus the empty slots of the distinct last blocks. A shared block
-        that some table holds but not as its partly filled last block (a sharer rolled back
-        into it) is full."""
+        partly filled last block has empty slots, unless another table holds it as a full block
+        (a sharer rolled back into it)."""
         bs = self.block_size
         partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
         holders: dict[int, int] = {}  # last block -> tables holding it partly filled
@@ -218,6 +212,5 @@ class BlockManager:
         return 0
 
     def _table_users(self, block: int) -> int:
-        """Table entries pointing at ``block``: its reference count here. (Our tables hold valid
-        ids only, so the count is read without ``ref_count``'s argument check.)"""
+        """Table entries pointing at ``block`` (a valid id: no argument check): its count here."""
         return self.allocator._ref[block]
