@@ -2,15 +2,13 @@
 
 What this teaches (lesson 06): the scheduler decides *who* runs, a memory policy *whether there is
 room*, so one scheduler compares vLLM's paged cache with the Orca baselines (paper section 6.1):
-same requests, same order, same preemption rules; only the memory differs.
-
-Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
-
-The interface is ``MemoryPolicy``, one line per method. ``PagedPolicy`` wraps
+same requests, same order, same preemption rules; only the memory differs. ``PagedPolicy`` wraps
 ``KVCacheManager`` with vLLM's *watermark*: admit only while a few free blocks (1%) remain, so
 running sequences can grow before anyone is preempted (vLLM v0, ``vllm/core/block_manager_v1.py``,
 ``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves each request's whole final length at
 admission, so it never preempts and cannot share; it keeps accounting only (``store_kv=False``).
+
+Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +25,9 @@ SeqId = Hashable
 
 
 class MemoryPolicy(ABC):
-    """The scheduler's view of a KV cache; swap_out / swap_in exist where can_swap_out can say
-    True (paged only) and return the block mappings to copy."""
+    """The scheduler's view of a KV cache. ``final_len``: the tokens with K/V a request has when
+    it finishes. swap_out / swap_in exist where can_swap_out can say True (paged only) and
+    return the block mappings to copy."""
 
     name = "abstract"
     supports_sharing = False
@@ -51,15 +50,24 @@ class MemoryPolicy(ABC):
     def append_slot(self, seq_id: SeqId, token_id: int) -> None: ...
 
     @abstractmethod
-    def free(self, seq_id: SeqId) -> None:
-        """Release a sequence (finished, dropped or preempted by recompute)."""
+    def free(self, seq_id: SeqId) -> None: ...  # finished, dropped or preempted by recompute
+
+    @abstractmethod
+    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
+        """The paper's four categories of KV memory, now."""
+
+    @abstractmethod
+    def blocks_in_use(self) -> int: ...  # physical blocks (paged) or slots (contiguous)
+
+    @property
+    @abstractmethod
+    def total_slots(self) -> int: ...
 
     def no_sharing(self) -> str:
         return (f"the {self.name} policy cannot share memory between sequences "
                 "(parallel sampling and beam search need --policy paged)")
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
-        """The child shares the parent's memory (copy-on-write)."""
         raise ValueError(self.no_sharing())
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -70,18 +78,6 @@ class MemoryPolicy(ABC):
 
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
         return False  # so swap_out and the swap-in methods are never called
-
-    @abstractmethod
-    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
-        """The paper's four categories of KV memory, now."""
-
-    @abstractmethod
-    def blocks_in_use(self) -> int:
-        """Physical blocks (paged) or slots (contiguous) held now."""
-
-    @property
-    @abstractmethod
-    def total_slots(self) -> int: ...
 
     def describe(self) -> str:
         """The numbers a stuck scheduler reports."""
@@ -207,9 +203,8 @@ class ContiguousPolicy(MemoryPolicy):
         c = self.cache
         if width > 1:
             return self.no_sharing()
-        if final_len > c.max_seq_len:
+        if final_len > c.max_seq_len:  # (max_seq_len itself always fits: the cache checked)
             return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
-        # A reservation never exceeds max_seq_len, which the cache checked against num_slots.
         return None
 
     def admit(self, seq_ids, token_ids, final_len):
