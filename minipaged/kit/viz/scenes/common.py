@@ -115,6 +115,31 @@ class PagedKV:
         if pairs:
             copy_blocks(self.key_cache, self.value_cache, pairs)
 
+    def decode(self, seq_ids, labels) -> tuple[list[tuple[int, int]], list[Event]]:
+        """One decode step of samples that may share blocks: each appends a random token, the
+        copy-on-write copies are applied, then the step's K/V written. Returns the copies and
+        the step log, ending with the check that every sample reads back intact."""
+        m = self.m
+        before = {s: m.block_table(s) for s in seq_ids}
+        tokens = {s: int(self.rng.integers(0, len(VOCAB))) for s in seq_ids}
+        slots = {s: m.append_slot(s, tokens[s]) for s in seq_ids}
+        copies = m.take_copies()
+        self.copy(copies)  # the copies first, then the step's new K/V
+        events = []
+        for src, dst in copies:
+            who = [labels(s) for s in seq_ids
+                   if before[s][-1] == src and m.block_table(s)[-1] == dst]
+            events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who)} wrote into a "
+                                        f"shared block, so it gets its own copy first"))
+        for s in seq_ids:
+            self.write(s, m.seq_len(s) - 1)
+            if len(m.block_table(s)) > len(before[s]):
+                events.append(Event("block", f"{labels(s)}: last block full, new block "
+                                             f"#{m.block_table(s)[-1]}"))
+            events.append(Event("append", f"{labels(s)}: \"{VOCAB[tokens[s]]}\" -> slot "
+                                          f"{slots[s]}"))
+        return copies, events + [self.check(seq_ids)]
+
     def gather(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
         """The sequence's K/V read through its block table, [T, Hkv, D] each."""
         pos = np.arange(self.m.seq_len(seq_id))

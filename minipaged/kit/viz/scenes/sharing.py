@@ -43,7 +43,7 @@ class ForkScene(_SharingScene):
     summary = "three samples of one prompt share its blocks; copy-on-write on append"
 
     def frames(self) -> Iterator[Frame]:
-        rng, m, prompt = self._start()
+        _, m, prompt = self._start()
         m.allocate(0, prompt)
         self.kv.write(0, 0)
         yield self.pool_frame(f"A prompt of {len(prompt)} tokens is allocated once and its K/V "
@@ -59,25 +59,7 @@ class ForkScene(_SharingScene):
         yield self.pool_frame("Forking copies no K/V: the samples share every block, and each "
                               "block's reference count says by how many.", events, vocab=VOCAB)
         for _ in range(6):
-            before = {s: m.block_table(s) for s in samples}
-            tokens = {s: int(rng.integers(0, len(VOCAB))) for s in samples}
-            slots = {s: m.append_slot(s, tokens[s]) for s in samples}
-            copies = m.take_copies()
-            self.kv.copy(copies)  # copies first, then the step's new K/V
-            events = []
-            for src, dst in copies:
-                who = [self.labels(s) for s in samples
-                       if before[s][-1] == src and m.block_table(s)[-1] == dst]
-                events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who)} wrote into a "
-                                            f"shared block, so it gets its own copy first"))
-            for s in samples:
-                self.kv.write(s, m.seq_len(s) - 1)
-                if len(m.block_table(s)) > len(before[s]):
-                    events.append(Event("block", f"{self.labels(s)}: last block full, new "
-                                                 f"block #{m.block_table(s)[-1]}"))
-                events.append(Event("append", f"{self.labels(s)}: \"{VOCAB[tokens[s]]}\" -> "
-                                              f"slot {slots[s]}"))
-            events.append(self.kv.check(samples))
+            copies, events = self.kv.decode(samples, self.labels)
             caption = "Each sample appends its own token. " + (
                 f"{len(copies)} copy-on-write copies: the last writer of a shared block keeps "
                 f"it and writes in place." if copies else
