@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from minipaged import KVCacheManager
 from minipaged.contiguous.buddy import next_pow2
-from minipaged.contiguous.cache import ContiguousKVCache
-from minipaged.contiguous.usage import CATEGORIES
 from minipaged.kit.diagrams import Drawing, arena_strips
 from minipaged.kit.pool_diagram import Marks, draw, read_state
-from minipaged.kit.viz.scenes.common import blocks_text, ids_text
-from minipaged.kit.viz.state import Slots, count_categories, read_arena, read_pool
+from minipaged.kit.viz.scenes.common import Request, blocks_text, ids_text
+from minipaged.kit.viz.scenes.fragmentation import KINDS, MAX_SEQ_LEN, NUM_SLOTS, CacheQueue
+from minipaged.kit.viz.state import count_categories
 
 BS = 4
 
@@ -187,7 +188,6 @@ def _preempt(colors) -> dict[str, Drawing]:
 
 
 # ---- contiguous reservations next to paging -------------------------------------------------
-NUM_SLOTS, MAX_LEN = 128, 32
 REQUESTS = {"A": (7, 16), "B": (9, 25), "C": (7, 18), "D": (10, 14), "E": (5, 21),
             "F": (8, 12), "G": (6, 19), "H": (4, 10), "I": (9, 27), "J": (5, 13)}
 STEPS = 3
@@ -196,54 +196,29 @@ STEPS = 3
 def fragmentation() -> Drawing:
     """The same ten requests (prompt, final length), first come first served, in three
     contiguous caches (Orca's policies, buddy-placed) and a paged one, after ``STEPS`` decode
-    steps: every slot coloured by the paper's category (Fig. 2), as the demo's views count
-    them (``viz/state.py``)."""
-    rows = [_contiguous(p) for p in ("max", "pow2", "oracle")] + [_paged()]
+    steps of the demo's fragmentation scene (``CacheQueue``: 128 slots, blocks of 4): every
+    slot coloured by the paper's category (Fig. 2), as the demo's views count them."""
+    requests = [Request(s, tuple(_tokens(p)), f) for s, (p, f) in REQUESTS.items()]
+    rng = np.random.default_rng(0)  # the K/V and decode tokens written: shown nowhere
+    rows = []
+    for kind in KINDS:
+        q = CacheQueue(kind, requests)
+        for step in range(STEPS + 1):  # step 0 admits the first requests
+            q.step(step, rng)
+        slots = q.slots()
+        got, want = count_categories(slots), q.usage().as_dict()
+        if any(got[c] != want[c] for c in got):
+            raise AssertionError(f"the {kind} picture counts {got}, the cache's usage() {want}")
+        status = f"running {len(q.running)} · waiting {len(q.waiting)}"
+        if kind != "paged" and q.waiting:  # why the next one waits: buddy placement
+            pieces = sorted((n for _, n in q.cache.allocator.free_blocks()), reverse=True)
+            status += (f" · {q.waiting[0]} needs {q.next_need()} slots: a free buddy block of "
+                       f"{next_pow2(q.next_need())}; free pieces: "
+                       f"{'+'.join(map(str, pieces)) or 'none'}")
+        rows.append((kind, slots, status))
     return arena_strips(rows, title=f"{len(REQUESTS)} requests arrive at once: {NUM_SLOTS} "
-                                    f"slots, max length {MAX_LEN}, after {STEPS} decode steps",
+                                    f"slots, max length {MAX_SEQ_LEN}, after {STEPS} decode "
+                                    f"steps",
                         notes=["Capital letters mark each request's tokens. Contiguous caches "
                                "reserve for the future at admission; the paged cache takes a "
                                "block of 4 only when the last one is full."])
-
-
-def _contiguous(policy: str) -> tuple[str, Slots, str]:
-    cache = ContiguousKVCache(NUM_SLOTS, 1, 1, policy=policy, max_seq_len=MAX_LEN,
-                              store_kv=False)
-    waiting = list(REQUESTS)
-    for _ in range(STEPS + 1):
-        for s in cache.seq_ids:
-            cache.advance(s, 1)
-        while waiting and cache.can_reserve(*REQUESTS[waiting[0]]):
-            s = waiting.pop(0)
-            cache.reserve(s, *REQUESTS[s])
-            cache.advance(s, REQUESTS[s][0])
-    need = cache.reservation_size(*REQUESTS[waiting[0]]) if waiting else MAX_LEN
-    slots = _same_counts(read_arena(cache, need).slot_categories(), cache.usage(need))
-    status = f"running {len(cache.seq_ids)} · waiting {len(waiting)}"
-    if waiting:  # why the next one waits: buddy placement needs one aligned free block
-        pieces = sorted((n for _, n in cache.allocator.free_blocks()), reverse=True)
-        status += (f" · {waiting[0]} needs {need} slots: a free buddy block of "
-                   f"{next_pow2(need)}; free pieces: {'+'.join(map(str, pieces)) or 'none'}")
-    return policy, slots, status
-
-
-def _paged() -> tuple[str, Slots, str]:
-    m = KVCacheManager(NUM_SLOTS // BS, BS)
-    waiting = list(REQUESTS)
-    for _ in range(STEPS + 1):
-        for s in m.seq_ids:
-            m.append_slot(s, 0)
-        while waiting and m.can_allocate(REQUESTS[waiting[0]][0]):
-            s = waiting.pop(0)
-            m.allocate(s, _tokens(REQUESTS[s][0]))
-    finals = {s: REQUESTS[s][1] for s in m.seq_ids}
-    slots = _same_counts(read_pool(m).slot_categories(finals), m.usage(finals))
-    return "paged", slots, f"running {len(m.seq_ids)} · waiting {len(waiting)}"
-
-
-def _same_counts(slots: Slots, usage) -> Slots:
-    """The picture's slot counts must be the cache's own usage() (or the picture is wrong)."""
-    got, want = count_categories(slots), {c: getattr(usage, c) for c in CATEGORIES}
-    if got != want:
-        raise AssertionError(f"the arena picture counts {got}, the cache's usage() {want}")
-    return slots

@@ -52,6 +52,22 @@ def start_for(seed: int) -> int:
     return 9 - seed % 4
 
 
+# What a frame's caption says for each kind of event in its step log, in this order.
+SAID = {
+    "admit": "the engine prefills \"{prompt}\" in one forward pass and samples its first "
+             "character {n} times (n={n}, temperature {t:g}, seed {seed})",
+    "fork": "the second sample is a fork of the first: it shares every prompt block (reference "
+            "count 2)",
+    "copy": "both write into the shared, partly filled last block: the first writer gets a copy "
+            "(copy-on-write), the last writes in place; full prompt blocks stay shared",
+    "block": "a last block filled up, so a new one came from the free list ({free} of {total} "
+             "now free)",
+    "preempt": "the pool ran short and a request was preempted",
+    "free": "the samples ended (<eos> or max_tokens) and were freed; the pool has {free} of "
+            "{total} blocks free again",
+}
+
+
 class _Stop(Exception):
     """Raised inside the engine's callback when nobody watches any more: unwinds ``generate``."""
 
@@ -185,26 +201,9 @@ class ModelScene(Scene):
                     events: list[Event]) -> Frame:
         lo, hi = steps
         kinds = {e.kind for e in events}
-        said = []
-        if "admit" in kinds:
-            said.append(f"the engine prefills \"{self.prompt}\" in one forward pass and samples "
-                        f"its first character {N_SAMPLES} times (n={N_SAMPLES}, temperature "
-                        f"{TEMPERATURE:g}, seed {self.seed})")
-        if "fork" in kinds:
-            said.append("the second sample is a fork of the first: it shares every prompt block "
-                        "(reference count 2)")
-        if "copy" in kinds:
-            said.append("both write into the shared, partly filled last block: the first writer "
-                        "gets a copy (copy-on-write), the last writes in place; full prompt "
-                        "blocks stay shared")
-        if "block" in kinds:
-            said.append(f"a last block filled up, so a new one came from the free list "
-                        f"({view.num_free} of {view.num_blocks} now free)")
-        if "preempt" in kinds:
-            said.append("the pool ran short and a request was preempted")
-        if "free" in kinds:
-            said.append(f"the samples ended (<eos> or max_tokens) and were freed; the pool "
-                        f"has {view.num_free} of {view.num_blocks} blocks free again")
+        facts = dict(prompt=self.prompt, n=N_SAMPLES, t=TEMPERATURE, seed=self.seed,
+                     free=view.num_free, total=view.num_blocks)
+        said = [text.format(**facts) for kind, text in SAID.items() if kind in kinds]
         when = f"Engine step {hi}" if lo == hi else f"Engine steps {lo}-{hi}"
         return self.pool_frame(f"{when}: " + "; ".join(said) + ".", events, view=view,
                                vocab=self._text, joiner="")
