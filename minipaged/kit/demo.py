@@ -8,8 +8,8 @@ Every picture is drawn from the real managers of this package (``KVCacheManager`
   ``q`` quits;
 * when stdout is not a terminal (a pipe, CI, a recording) it plays every frame through without
   waiting for keys and exits 0;
-* ``--svg DIR`` / ``--html DIR`` also write one file per frame (rich's recording console), the
-  figures of the slide deck; ``--seed`` makes the run repeatable, ``--width`` forces the layout.
+* ``--svg DIR`` / ``--html DIR`` also write one file per frame (rich's recording console);
+  ``--seed`` makes the run repeatable, ``--width`` forces the layout.
 """
 
 from __future__ import annotations

@@ -236,16 +236,16 @@ def usage_bars(title: str, rows: list[tuple[str, dict[str, float]]],
 
 
 # ---- a contiguous arena, slot by slot ---------------------------------------------------------
-def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row: int = 64,
-                 title: str = "", notes: list[str] = ()) -> Drawing:
-    """Each row: (policy, [(category, request letter or "")] per slot, status line). Slots are
-    coloured by category; each run of a request's token slots carries its letter."""
+def arena_strips(rows: list[tuple[str, list[tuple[str, str | None]], str]], *, title: str,
+                 notes: list[str] = (), per_row: int = 64) -> Drawing:
+    """Each row: (policy, [(category, request letter or None)] per slot, status line). Slots
+    are coloured by category; each run of a request's token slots carries its letter."""
     c = Canvas()
-    y = caption(c, -8, [title], 26) + 10 if title else 0
+    y = caption(c, -8, [title], 26) + 10
     label_w = 150
     slot_w = (c.width - label_w - 4) / per_row
     colors = {k: col for k, col, _ in CATEGORIES}
-    text = [title, ""] if title else []
+    text = [title, ""]
     for policy, slots, status in rows:
         c.text(4, y + 30, policy, 26, bold=True)
         for start in range(0, len(slots), per_row):
@@ -273,7 +273,7 @@ def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row:
     caption(c, y, list(notes), 22)
     text.append("A: a request's tokens, a: reserved for it, x: internal fragmentation, "
                 "!: external fragmentation, .: free")
-    return Drawing(c.svg(title or "arena"), twin(text + list(notes)))
+    return Drawing(c.svg(title), twin(text + list(notes)))
 
 
 def _slot_char(cat: str, who: str | None) -> str:

@@ -17,11 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from rich.text import Text
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
-from minipaged.kit.viz.style import NOTE_STYLE
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 14
@@ -33,6 +31,7 @@ class CowPrefixScene(Scene):
     name = "cow-prefix"
     title = "Copy-on-write under prefix caching: hashes and copies"
     summary = "parallel samples with the prefix cache on: full blocks by hash, the last by CoW"
+    vocab = VOCAB
 
     def frames(self) -> Iterator[Frame]:
         rng = np.random.default_rng(self.seed)
@@ -102,5 +101,5 @@ class CowPrefixScene(Scene):
 
     def _frame(self, caption: str, events: list[Event], copies=()) -> Frame:
         findable = sorted(self.manager.allocator.cached_blocks().values())
-        line = Text(f"findable by hash: {blocks_text(findable)}", NOTE_STYLE)
-        return self.pool_frame(caption, events, line, vocab=VOCAB, copies=copies)
+        line = f"findable by hash: {blocks_text(findable)}"
+        return self.pool_frame(caption, events, line, copies=copies)

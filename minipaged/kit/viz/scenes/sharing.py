@@ -29,6 +29,8 @@ BLOCK_SIZE = 4
 
 
 class _SharingScene(Scene):
+    vocab = VOCAB
+
     def _start(self) -> tuple[np.random.Generator, KVCacheManager, list[int]]:
         """A fresh pool with K/V storage, and a seeded prompt of 5-7 tokens to share."""
         rng = np.random.default_rng(self.seed)
@@ -49,7 +51,7 @@ class ForkScene(_SharingScene):
         yield self.pool_frame(f"A prompt of {len(prompt)} tokens is allocated once and its K/V "
                               f"written. We want three samples of it.",
                               [Event("admit", f"A: \"{words(prompt)}\" -> blocks "
-                                              f"{blocks_text(m.block_table(0))}")], vocab=VOCAB)
+                                              f"{blocks_text(m.block_table(0))}")])
         samples, events = [0, 1, 2], []
         for child in samples[1:]:
             m.fork(0, child)
@@ -57,20 +59,20 @@ class ForkScene(_SharingScene):
             events.append(Event("fork", f"{self.labels(child)} = fork of A: shares blocks "
                                         f"{blocks_text(m.block_table(child))}, nothing copied"))
         yield self.pool_frame("Forking copies no K/V: the samples share every block, and each "
-                              "block's reference count says by how many.", events, vocab=VOCAB)
+                              "block's reference count says by how many.", events)
         for _ in range(6):
             copies, events = self.kv.decode(samples, self.labels)
             caption = "Each sample appends its own token. " + (
                 f"{len(copies)} copy-on-write copies: the last writer of a shared block keeps "
                 f"it and writes in place." if copies else
                 "No block is shared where they write any more: no copies.")
-            yield self.pool_frame(caption, events, vocab=VOCAB, copies=copies)
+            yield self.pool_frame(caption, events, copies=copies)
         for s in samples:
             m.free(s)
         yield self.pool_frame("The request is done: every sample is freed; every block's "
                               "reference count drops to 0 and the pool is free again.",
                               [Event("free", f"A, B, C freed; {m.num_free_blocks} of "
-                                             f"{m.num_blocks} blocks free")], vocab=VOCAB)
+                                             f"{m.num_blocks} blocks free")])
 
 
 class BeamScene(_SharingScene):
@@ -83,7 +85,7 @@ class BeamScene(_SharingScene):
         beam = BeamSearch(m, "query", prompt, width=3)
         self.kv.write(beam.beams[0], 0)
         yield self.pool_frame(f"Beam search of width 3 starts from one beam: the {len(prompt)}-"
-                              f"token prompt.", [], vocab=VOCAB)
+                              f"token prompt.", [])
         for step in range(1, 8):
             cands = [Candidate(s, int(t), beam.scores[s] + float(np.log(p)))
                      for s in beam.beams
@@ -110,4 +112,4 @@ class BeamScene(_SharingScene):
             caption = (f"Step {step}: {len(cands)} candidates, the {len(beam.beams)} best survive "
                        f"({forked} forked, {len(dropped)} dropped). Beams share their common "
                        f"history.")
-            yield self.pool_frame(caption, events, vocab=VOCAB, copies=copies)
+            yield self.pool_frame(caption, events, copies=copies)
