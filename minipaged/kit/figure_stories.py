@@ -4,8 +4,9 @@ What it teaches: the same mechanics as lessons 02-06, as scripts small enough to
 the pictures. Each story drives a real manager (``KVCacheManager`` or ``ContiguousKVCache``)
 through its public methods and takes snapshots (``pool_diagram.read_state``); every number in a
 caption is read from the manager after the step it describes. Nothing is random: token ids are
-arbitrary fixed integers (only where the prefix cache hashes them do they matter), so a figure
-changes only when a manager's behaviour does.
+arbitrary fixed integers (only where the prefix cache hashes them do they matter; the
+fragmentation figure's come from a fixed seed and show nowhere), so a figure changes only when a
+manager's behaviour does.
 """
 
 from __future__ import annotations
