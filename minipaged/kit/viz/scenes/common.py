@@ -15,6 +15,7 @@ import numpy as np
 
 from minipaged.kit.viz.scene import Event
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.paged.paged_attention import gather_kv
 
 VOCAB = (
     "the", "a", "cat", "sat", "on", "mat", "and", "then", "dog", "ran", "to", "park", "it",
@@ -140,18 +141,12 @@ class PagedKV:
                                           f"{slots[s]}"))
         return copies, events + [self.check(seq_ids)]
 
-    def gather(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
-        """The sequence's K/V read through its block table, [T, Hkv, D] each."""
-        pos = np.arange(self.m.seq_len(seq_id))
-        blocks = np.asarray(self.m.block_table(seq_id))[pos // self.m.block_size]
-        offsets = pos % self.m.block_size
-        return self.key_cache[blocks, :, offsets], self.value_cache[blocks, :, offsets]
-
     def all_intact(self, seq_ids) -> bool:
         """Every listed sequence reads back, bit for bit, what was written for it (with
         ``prefix_model``: what a cold run of the whole sequence would write)."""
-        for s in seq_ids:
-            k, v = self.gather(s)
+        for s in seq_ids:  # read through the block table as paged attention's oracle does
+            k, v = gather_kv(self.key_cache, self.value_cache, np.asarray(self.m.block_table(s)),
+                             self.m.seq_len(s))
             if self.prefix_model:
                 wk, wv = self.model_kv(self.m.token_ids(s), 0, self.m.seq_len(s))
             else:
