@@ -8,8 +8,8 @@ Every picture is drawn from the real managers of this package (``KVCacheManager`
   ``q`` quits;
 * when stdout is not a terminal (a pipe, CI, a recording) it plays every frame through without
   waiting for keys and exits 0;
-* ``--svg DIR`` / ``--html DIR`` also write one file per frame (rich's recording console), the
-  figures of the slide deck; ``--seed`` makes the run repeatable, ``--width`` forces the layout.
+* ``--svg DIR`` / ``--html DIR`` also write one file per frame (rich's recording console);
+  ``--seed`` makes the run repeatable, ``--width`` forces the layout.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import itertools
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from rich.console import Console, RenderableType
@@ -73,20 +73,14 @@ def record(renderable: RenderableType, width: int, path: Path, title: str) -> No
 
 
 def run(args) -> int:
-    """Play the scenes ``args`` (``minipaged demo``'s parsed arguments) ask for."""
+    """Play the scenes ``args`` (``minipaged demo``'s parsed arguments) ask for. The command
+    line has checked --seed, --speed and the --svg / --html folders; a ValueError here (a bad
+    scene or width) is its one-line error and exit 2."""
     from minipaged.kit.viz.scenes import SCENES, intro_frame
 
     console = Console()
-    try:  # bad arguments: one clear line and exit 2, like argparse, not a traceback
-        width = layout_width(console, args.width)
-        if args.seed < 0:
-            raise ValueError(f"--seed={args.seed} must be >= 0")
-        if args.speed <= 0:
-            raise ValueError(f"--speed={args.speed} must be > 0 seconds")
-        scenes, skipped = tour(args.seed, width, args.scene)
-    except ValueError as e:
-        Console(stderr=True).print(f"[red]minipaged demo:[/] {e}", highlight=False)
-        return 2
+    width = layout_width(console, args.width)
+    scenes, skipped = tour(args.seed, width, args.scene)
     if args.list:
         for cls in SCENES:
             why = cls.missing()
@@ -104,7 +98,7 @@ def run(args) -> int:
         frames = itertools.chain([("tour", 0, 0, intro_frame(scenes, skipped))], frames)
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     autoplay = args.autoplay
-    with (_keys() if interactive else _no_keys()) as read_key:
+    with _keys() if interactive else nullcontext() as read_key:
         for index, (name, step, _total, renderable) in enumerate(frames):
             for d, ext in outputs:
                 record(renderable, width, d / f"{index:03d}_{name}_{step + 1:02d}{ext}",
@@ -126,51 +120,48 @@ def run(args) -> int:
 
 
 @contextmanager
-def _no_keys():
-    yield lambda timeout: None
-
-
-@contextmanager
 def _keys():
-    """A key reader for a terminal: returns "q", "a", "next", or None when ``timeout`` passed."""
+    """A key reader for a terminal: returns "q", "a", "next" (space, enter, the right arrow,
+    any other key), or None when ``timeout`` seconds passed without a key."""
+    from minipaged.kit.quiz import decode_key
+
     if os.name == "nt":  # pragma: no cover - exercised by hand on Windows
         import msvcrt
         import time
 
-        def read(timeout: float | None) -> str | None:
+        def raw(timeout: float | None) -> str | None:
             end = None if timeout is None else time.monotonic() + timeout
             while end is None or time.monotonic() < end:
                 if msvcrt.kbhit():
-                    ch = msvcrt.getwch()
-                    if ch in ("\x00", "\xe0"):
-                        msvcrt.getwch()
-                        return "next"
-                    return ch.lower() if ch.lower() in "qa" else "next"
+                    ch = msvcrt.getwch()  # an arrow key is two characters, read together
+                    return ch + msvcrt.getwch() if ch in ("\x00", "\xe0") else ch
                 time.sleep(0.02)
             return None
 
-        yield read
-        return
-    import select
-    import termios
-    import tty
+        def restore() -> None:
+            pass
+    else:
+        import select
+        import termios
+        import tty
 
-    fd = sys.stdin.fileno()
-    saved = termios.tcgetattr(fd)
-    tty.setcbreak(fd)
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+
+        def raw(timeout: float | None) -> str | None:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            return os.read(fd, 8).decode(errors="replace") if ready else None
+
+        def restore() -> None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
     def read(timeout: float | None) -> str | None:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            return None
-        ch = os.read(fd, 8).decode(errors="replace")
-        if ch.lower().startswith("q") or ch == "\x03":
-            return "q"
-        if ch.lower().startswith("a"):
-            return "a"
-        return "next"  # space, enter, right arrow (ESC [ C) and any other key step forward
+        ch = raw(timeout)
+        key = None if ch is None else decode_key(ch)
+        return key if key in (None, "q", "a") else "next"
 
     try:
         yield read
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        restore()

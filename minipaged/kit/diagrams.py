@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from itertools import groupby
 from xml.sax.saxutils import escape
 
 WIDTH = 1200
@@ -235,16 +236,16 @@ def usage_bars(title: str, rows: list[tuple[str, dict[str, float]]],
 
 
 # ---- a contiguous arena, slot by slot ---------------------------------------------------------
-def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row: int = 64,
-                 title: str = "", notes: list[str] = ()) -> Drawing:
-    """Each row: (policy, [(category, request letter or "")] per slot, status line). Slots are
-    coloured by category; each run of a request's token slots carries its letter."""
+def arena_strips(rows: list[tuple[str, list[tuple[str, str | None]], str]], *, title: str,
+                 notes: list[str] = (), per_row: int = 64) -> Drawing:
+    """Each row: (policy, [(category, request letter or None)] per slot, status line). Slots
+    are coloured by category; each run of a request's token slots carries its letter."""
     c = Canvas()
-    y = caption(c, -8, [title], 26) + 10 if title else 0
+    y = caption(c, -8, [title], 26) + 10
     label_w = 150
     slot_w = (c.width - label_w - 4) / per_row
     colors = {k: col for k, col, _ in CATEGORIES}
-    text = [title, ""] if title else []
+    text = [title, ""]
     for policy, slots, status in rows:
         c.text(4, y + 30, policy, 26, bold=True)
         for start in range(0, len(slots), per_row):
@@ -255,11 +256,13 @@ def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row:
             for i in range(1, len(chunk)):      # a bold line where one request's slots end
                 if chunk[i][1] != chunk[i - 1][1]:
                     c.line(label_w + i * slot_w, y - 3, y + 39)
-            for i, j, who in _runs(chunk):
-                if who and (j - i) * slot_w >= 26:
-                    col = colors[chunk[i][0]]
+            i = 0
+            for (cat, who), run in groupby(chunk):  # each run of one request's token slots
+                j = i + len(list(run))
+                if cat == "token" and who and (j - i) * slot_w >= 26:
                     c.text(label_w + (i + j) / 2 * slot_w, y + 27, who, 22, anchor="middle",
-                           bold=True, fill=TEXT_ON[col])
+                           bold=True, fill=TEXT_ON[colors[cat]])
+                i = j
             text.append(f"{policy:<7} " + "".join(_slot_char(cat, who) for cat, who in chunk))
             policy = ""
             y += 40
@@ -270,22 +273,9 @@ def arena_strips(rows: list[tuple[str, list[tuple[str, str]], str]], *, per_row:
     caption(c, y, list(notes), 22)
     text.append("A: a request's tokens, a: reserved for it, x: internal fragmentation, "
                 "!: external fragmentation, .: free")
-    return Drawing(c.svg(title or "arena"), twin(text + list(notes)))
+    return Drawing(c.svg(title), twin(text + list(notes)))
 
 
-def _runs(chunk: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
-    """Maximal runs [i, j) of token slots of one request."""
-    out, i = [], 0
-    while i < len(chunk):
-        j = i + 1
-        while j < len(chunk) and chunk[j] == chunk[i]:
-            j += 1
-        if chunk[i][0] == "token":
-            out.append((i, j, chunk[i][1]))
-        i = j
-    return out
-
-
-def _slot_char(cat: str, who: str) -> str:
-    return {"token": who or "#", "reserved": who.lower() or "r",
+def _slot_char(cat: str, who: str | None) -> str:
+    return {"token": who or "#", "reserved": (who or "r").lower(),
             "internal_fragmentation": "x", "external_fragmentation": "!", "free": "."}[cat]

@@ -4,40 +4,30 @@ What it teaches: the same mechanics as lessons 02-06, as scripts small enough to
 the pictures. Each story drives a real manager (``KVCacheManager`` or ``ContiguousKVCache``)
 through its public methods and takes snapshots (``pool_diagram.read_state``); every number in a
 caption is read from the manager after the step it describes. Nothing is random: token ids are
-arbitrary fixed integers (only where the prefix cache hashes them do they matter), so a figure
-changes only when a manager's behaviour does.
+arbitrary fixed integers (only where the prefix cache hashes them do they matter; the
+fragmentation figure's come from a fixed seed and show nowhere), so a figure changes only when a
+manager's behaviour does.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from minipaged import KVCacheManager
 from minipaged.contiguous.buddy import next_pow2
-from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.kit.diagrams import Drawing, arena_strips
 from minipaged.kit.pool_diagram import Marks, draw, read_state
+from minipaged.kit.viz.scenes.common import Request, blocks_text, ids_text
+from minipaged.kit.viz.scenes.fragmentation import KINDS, MAX_SEQ_LEN, NUM_SLOTS, CacheQueue
+from minipaged.kit.viz.state import count_categories
 
 BS = 4
 
 
 def _tokens(n: int, start: int = 0) -> list[int]:
     return list(range(start, start + n))
-
-
-def _slots(values) -> str:
-    return "[" + " ".join(str(int(v)) for v in values) + "]"
-
-
-def _count(n: int, word: str, plural: str = "") -> str:
-    """"1 new block", "2 new blocks"; with ``plural``: "1 is", "2 are"."""
-    if plural:
-        return f"{n} {word if n == 1 else plural}"
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
-def _blocks(values) -> str:
-    return " ".join(f"#{b}" for b in values)
 
 
 @functools.cache
@@ -58,7 +48,7 @@ def _paging(colors) -> dict[str, Drawing]:
         f"A, B and C arrive with 8, 7 and 9 tokens and get "
         f"{len(m.block_table('A'))}, {len(m.block_table('B'))} and {len(m.block_table('C'))} "
         f"blocks: just enough, nothing reserved ahead. C's prefill writes slots "
-        f"{_slots(c_slots)}: slot = block × {BS} + offset."],
+        f"{ids_text(c_slots)}: slot = block × {BS} + offset."],
         "paging: three prompts", Marks(written=set(map(int, c_slots))))
     for _ in range(3):
         for s in ("A", "B", "C"):
@@ -72,9 +62,9 @@ def _paging(colors) -> dict[str, Drawing]:
     pos = m.seq_len("A") - 1
     table = m.block_table("A")
     late = draw(read_state(m), colors(m.seq_ids), [
-        f"B finished; its blocks {_blocks(freed)} went back to the pool and D's 6-token prompt "
-        f"took {_blocks(d_table)}. After 3 more decode steps, this step's slot_mapping is "
-        f"{_slots(slots)}: A's token at position {pos} is in logical block {pos // BS}, offset "
+        f"B finished; its blocks {blocks_text(freed)} went back to the pool and D's 6-token prompt "
+        f"took {blocks_text(d_table)}. After 3 more decode steps, this step's slot_mapping is "
+        f"{ids_text(slots)}: A's token at position {pos} is in logical block {pos // BS}, offset "
         f"{pos % BS}: slot {table[pos // BS]} × {BS} + {pos % BS} = {slots[0]}."],
         "paging: decode steps and the slot mapping", Marks(written=set(slots)))
     return {"paging_early": early, "paging_late": late}
@@ -87,7 +77,7 @@ def _fork(colors) -> dict[str, Drawing]:
         m.fork("A", child)
     shared = draw(read_state(m), colors(m.seq_ids), [
         f"Parallel sampling: A's 7-token prompt is allocated once; B and C are forks of A. "
-        f"They share blocks {_blocks(m.block_table('A'))}, nothing is copied, and each block's "
+        f"They share blocks {blocks_text(m.block_table('A'))}, nothing is copied, and each block's "
         f"reference count is {m.ref_count(m.block_table('A')[0])}."],
         "fork: three samples share one prompt")
     before = {s: m.block_table(s)[-1] for s in ("A", "B", "C")}
@@ -124,8 +114,8 @@ def _beam(colors) -> dict[str, Drawing]:
     first = m.block_table("A")[0]
     drawing = draw(read_state(m), colors(m.seq_ids), [
         f"Beam search, width 3, step 2: beam A is extended twice (D is a fork of A), B once, and "
-        f"C is dropped: fork first, then free (C's blocks {_blocks(c_blocks)} lose one "
-        f"reference each; {_blocks(freed)} is free again). Then each beam appends its token: "
+        f"C is dropped: fork first, then free (C's blocks {blocks_text(c_blocks)} lose one "
+        f"reference each; {blocks_text(freed)} is free again). Then each beam appends its token: "
         + (", ".join(f"#{s} is copied to #{d}" for s, d in copies) or "no copy") +
         f". The prompt's block #{first} is shared by all {m.ref_count(first)} beams."],
         "beam search", Marks(copies={d: s for s, d in copies}, written=set(slots)))
@@ -140,7 +130,7 @@ def _prefix(colors) -> dict[str, Drawing]:
     hits_fig = draw(read_state(m), colors(m.seq_ids), [
         f"Prefix caching (vLLM v1): both requests start with the same 8-token system prompt. "
         f"Each full block is cached under a hash of its tokens and its parent's hash, so R2 "
-        f"finds R1's {_blocks(m.block_table('R2')[:hits // BS])}: {hits} of its 12 prompt "
+        f"finds R1's {blocks_text(m.block_table('R2')[:hits // BS])}: {hits} of its 12 prompt "
         f"tokens are hits, and only the rest is computed."],
         "prefix caching: hits")
     m.free("R1")
@@ -153,7 +143,7 @@ def _prefix(colors) -> dict[str, Drawing]:
     evicted_fig = draw(read_state(m), colors(m.seq_ids), [
         f"R1 and R2 finished; their full blocks stay cached while free. R4, 39 tokens with "
         f"nothing in common, needs {need} blocks and only {plain_free} were never cached, so "
-        f"the least recently used cached block{'s' * (len(evicted) > 1)} {_blocks(evicted)} "
+        f"the least recently used cached block{'s' * (len(evicted) > 1)} {blocks_text(evicted)} "
         f"{'are' if len(evicted) > 1 else 'is'} evicted (hash dropped). The system prompt's "
         f"blocks survive: a new request starting with it would still hit."],
         "prefix caching: LRU eviction")
@@ -182,23 +172,23 @@ def _preempt(colors) -> dict[str, Drawing]:
             m.swap_out([victim])
             what = (f"is swapped out: swap_out copies its {len(gone)} blocks to CPU blocks "
                     f"{' '.join(f'cpu {b}' for b in m.cpu_block_table(victim))} and frees "
-                    f"{_blocks(gone)} on the GPU")
+                    f"{blocks_text(gone)} on the GPU")
         else:
             waiting.update(m.preempt_by_recompute([victim]))
-            what = (f"is preempted by recomputation: its blocks {_blocks(gone)} are freed and "
+            what = (f"is preempted by recomputation: its blocks {blocks_text(gone)} are freed and "
                     f"only its {len(waiting[victim])} token ids are kept, to be prefilled again")
         slots = {m.append_slot(s, 0) for s in running}
         state = read_state(m, waiting)
         state.cpu_note = f"CPU pool: {m.num_free_cpu_blocks} of {cpu_blocks} blocks free"
         figs[f"preempt_{mode}"] = draw(state, colors([*m.seq_ids, *waiting]), [
-            f"Decode step {step} needs {_count(need, 'new block')} and {_count(free, 'is', 'are')}"
-            f" free. {victim}, the newest running request, {what}. The others run the step."],
+            f"Decode step {step} needs {need} new block{'s' * (need != 1)} and {free} "
+            f"{'is' if free == 1 else 'are'} free. {victim}, the newest running request, "
+            f"{what}. The others run the step."],
             f"preemption by {mode}", Marks(written=slots))
     return figs
 
 
 # ---- contiguous reservations next to paging -------------------------------------------------
-NUM_SLOTS, MAX_LEN = 128, 32
 REQUESTS = {"A": (7, 16), "B": (9, 25), "C": (7, 18), "D": (10, 14), "E": (5, 21),
             "F": (8, 12), "G": (6, 19), "H": (4, 10), "I": (9, 27), "J": (5, 13)}
 STEPS = 3
@@ -207,71 +197,29 @@ STEPS = 3
 def fragmentation() -> Drawing:
     """The same ten requests (prompt, final length), first come first served, in three
     contiguous caches (Orca's policies, buddy-placed) and a paged one, after ``STEPS`` decode
-    steps: every slot coloured by the paper's category (Fig. 2)."""
-    rows = [_contiguous(p) for p in ("max", "pow2", "oracle")] + [_paged()]
+    steps of the demo's fragmentation scene (``CacheQueue``: 128 slots, blocks of 4): every
+    slot coloured by the paper's category (Fig. 2), as the demo's views count them."""
+    requests = [Request(s, tuple(_tokens(p)), f) for s, (p, f) in REQUESTS.items()]
+    rng = np.random.default_rng(0)  # the K/V and decode tokens written: shown nowhere
+    rows = []
+    for kind in KINDS:
+        q = CacheQueue(kind, requests)
+        for step in range(STEPS + 1):  # step 0 admits the first requests
+            q.step(step, rng)
+        slots = q.slots()
+        got, want = count_categories(slots), q.usage().as_dict()
+        if any(got[c] != want[c] for c in got):
+            raise AssertionError(f"the {kind} picture counts {got}, the cache's usage() {want}")
+        status = f"running {len(q.running)} · waiting {len(q.waiting)}"
+        if kind != "paged" and q.waiting:  # why the next one waits: buddy placement
+            pieces = sorted((n for _, n in q.cache.allocator.free_blocks()), reverse=True)
+            status += (f" · {q.waiting[0]} needs {q.next_need()} slots: a free buddy block of "
+                       f"{next_pow2(q.next_need())}; free pieces: "
+                       f"{'+'.join(map(str, pieces)) or 'none'}")
+        rows.append((kind, slots, status))
     return arena_strips(rows, title=f"{len(REQUESTS)} requests arrive at once: {NUM_SLOTS} "
-                                    f"slots, max length {MAX_LEN}, after {STEPS} decode steps",
+                                    f"slots, max length {MAX_SEQ_LEN}, after {STEPS} decode "
+                                    f"steps",
                         notes=["Capital letters mark each request's tokens. Contiguous caches "
                                "reserve for the future at admission; the paged cache takes a "
                                "block of 4 only when the last one is full."])
-
-
-def _contiguous(policy: str) -> tuple[str, list[tuple[str, str]], str]:
-    cache = ContiguousKVCache(NUM_SLOTS, 1, 1, policy=policy, max_seq_len=MAX_LEN,
-                              store_kv=False)
-    waiting = list(REQUESTS)
-    for _ in range(STEPS + 1):
-        for s in cache.seq_ids:
-            cache.advance(s, 1)
-        while waiting and cache.can_reserve(*REQUESTS[waiting[0]]):
-            s = waiting.pop(0)
-            cache.reserve(s, *REQUESTS[s])
-            cache.advance(s, REQUESTS[s][0])
-    need = cache.reservation_size(*REQUESTS[waiting[0]]) if waiting else MAX_LEN
-    slots = [("free", "")] * NUM_SLOTS
-    for s in cache.seq_ids:
-        r = cache.reservation(s)
-        for i in range(r.held):
-            cat = ("token" if i < r.num_tokens else "reserved" if i < r.final_len
-                   else "internal_fragmentation")
-            slots[r.offset + i] = (cat, s)
-    for off, size in cache.allocator.free_blocks():
-        if size < next_pow2(need):                     # too small for the next request
-            slots[off:off + size] = [("external_fragmentation", "")] * size
-    _same_counts(slots, cache.usage(need))
-    status = f"running {len(cache.seq_ids)} · waiting {len(waiting)}"
-    if waiting:  # why the next one waits: buddy placement needs one aligned free block
-        pieces = sorted((n for _, n in cache.allocator.free_blocks()), reverse=True)
-        status += (f" · {waiting[0]} needs {need} slots: a free buddy block of "
-                   f"{next_pow2(need)}; free pieces: {'+'.join(map(str, pieces)) or 'none'}")
-    return policy, slots, status
-
-
-def _paged() -> tuple[str, list[tuple[str, str]], str]:
-    m = KVCacheManager(NUM_SLOTS // BS, BS)
-    waiting = list(REQUESTS)
-    for _ in range(STEPS + 1):
-        for s in m.seq_ids:
-            m.append_slot(s, 0)
-        while waiting and m.can_allocate(REQUESTS[waiting[0]][0]):
-            s = waiting.pop(0)
-            m.allocate(s, _tokens(REQUESTS[s][0]))
-    slots = [("free", "")] * NUM_SLOTS
-    for s in m.seq_ids:
-        n, final = m.seq_len(s), REQUESTS[s][1]
-        for i, b in enumerate(m.block_table(s)):
-            for k in range(BS):
-                p = i * BS + k
-                cat = ("token" if p < n else "reserved" if p < final
-                       else "internal_fragmentation")
-                slots[b * BS + k] = (cat, s)
-    _same_counts(slots, m.usage({s: REQUESTS[s][1] for s in m.seq_ids}))
-    return "paged", slots, f"running {len(m.seq_ids)} · waiting {len(waiting)}"
-
-
-def _same_counts(slots: list[tuple[str, str]], usage) -> None:
-    """The picture's slot counts must be the cache's own usage() (or the picture is wrong)."""
-    got = {k: sum(1 for c, _ in slots if c == k) for k in usage.as_dict() if k != "total"}
-    want = {k: v for k, v in usage.as_dict().items() if k != "total"}
-    if got != want:
-        raise AssertionError(f"the arena picture counts {got}, the cache's usage() {want}")

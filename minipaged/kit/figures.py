@@ -136,8 +136,7 @@ def figure_specs() -> list[Figure]:
     story = f"{BUILD} (kit/figure_stories.py: {{}})"
     figs = [Figure("kv_fits", "minipaged kv-calc --model opt-13b | --model llama-3-8b",
                    _kv_fits),
-            Figure("fragmentation", story.format("fragmentation"),
-                   lambda: fragmentation()),
+            Figure("fragmentation", story.format("fragmentation"), fragmentation),
             Figure("sim_fig2_usage", "minipaged experiment 1 --num-requests 300 --seed 0",
                    _fig2)]
     figs += [Figure(n, story.format(n.split("_")[0]), _story(n)) for n in (

@@ -1,13 +1,12 @@
 """The block-table diagram of the slides: each sequence's block table above the physical pool.
 
 What it teaches: nothing new; it draws a ``KVCacheManager``'s state for ``figures.py``, read
-through the manager's public methods only (``seq_ids``, ``block_table``, ``seq_len``,
-``ref_count``, ``is_swapped``, ``cpu_block_table``, ``allocator.cached_blocks()``), so the
-picture cannot show anything the manager does not hold. Top: one row per sequence, its logical
-blocks left to right, each naming the physical block it maps to. Bottom: the pool, one box per
-physical block with its slots (filled in the colour of the sequence that wrote them, dark when
-several sequences share the block), its reference count (``×n`` when above 1), a dot when the
-prefix cache holds its hash, and a dashed outline when it is this step's copy-on-write copy.
+the way the demo reads it (``viz/state.read_pool``, public methods only), so the picture cannot
+show anything the manager does not hold. Top: one row per sequence, its logical blocks left to
+right, each naming the physical block it maps to. Bottom: the pool, one box per physical block
+with its slots (filled in the colour of the sequence that wrote them, dark when several
+sequences share the block), its reference count (``×n`` when above 1), a dot when the prefix
+cache holds its hash, and a dashed outline when it is this step's copy-on-write copy.
 """
 
 from __future__ import annotations
@@ -32,53 +31,36 @@ from minipaged.kit.diagrams import (
     text_width,
     twin,
 )
+from minipaged.kit.viz.state import PoolView, read_pool
 
 
 @dataclass
 class PoolState:
-    """A snapshot of one manager (names are the manager's seq ids, as strings)."""
+    """What ``draw`` shows: the demo's ``PoolView`` of the manager (``viz/state.py``), the
+    blocks that carry a prefix hash (in a table or not) and the sequences preempted by
+    recomputation, which the manager no longer holds (their tokens kept, by the caller)."""
 
-    block_size: int
-    num_blocks: int
-    tables: dict[str, list[int]]               # on the GPU, in the manager's order
-    lens: dict[str, int]                       # tokens of every sequence shown
-    swapped: dict[str, list[int]] = field(default_factory=dict)  # seq -> its CPU blocks
-    waiting: dict[str, int] = field(default_factory=dict)        # recompute: tokens kept
-    ref: list[int] = field(default_factory=list)
-    hashed: set[int] = field(default_factory=set)                # blocks with a prefix hash
+    view: PoolView
+    hashed: set[int]
+    waiting: dict[str, int] = field(default_factory=dict)       # recompute: tokens kept
     cpu_note: str = ""
 
-    def owners(self, block: int) -> list[str]:
-        return [s for s, t in self.tables.items() if block in t]
+    @property
+    def tables(self) -> dict[str, list[int]]:
+        """seq -> its block table, for the sequences on the GPU, in the manager's order."""
+        return {t.seq_id: list(t.blocks) for t in self.view.tables}
 
-    def filled(self, block: int) -> int:
-        """Slots of ``block`` holding K/V: the most any sequence holding it has written."""
-        bs, best = self.block_size, 0
-        for s, t in self.tables.items():
-            for i, b in enumerate(t):
-                if b == block:
-                    best = max(best, min(bs, self.lens[s] - i * bs))
-        if not best and block in self.hashed:  # free but cached: a full block's K/V kept
-            best = bs
-        return best
+    @property
+    def ref(self) -> list[int]:
+        return [b.ref_count for b in self.view.blocks]
 
 
 def read_state(manager, waiting: dict | None = None) -> PoolState:
     """The state ``draw`` needs, from a KVCacheManager's public methods. ``waiting``: sequences
     preempted by recomputation (the manager forgot them; the caller keeps their tokens)."""
-    tables, swapped, lens = {}, {}, {}
-    for s in manager.seq_ids:
-        lens[str(s)] = manager.seq_len(s)
-        if manager.is_swapped(s):
-            swapped[str(s)] = manager.cpu_block_table(s)
-        else:
-            tables[str(s)] = manager.block_table(s)
-    cached = getattr(manager.allocator, "cached_blocks", None)
-    hashed = set(cached().values()) if cached is not None else set()
-    waiting = {str(s): len(t) for s, t in (waiting or {}).items()}
-    return PoolState(manager.block_size, manager.num_blocks, tables, {**lens, **waiting},
-                     swapped, waiting, [manager.ref_count(b) for b in range(manager.num_blocks)],
-                     hashed)
+    cached = getattr(manager.allocator, "cached_blocks", None)  # prefix caching only
+    return PoolState(read_pool(manager), set(cached().values()) if cached else set(),
+                     {s: len(t) for s, t in (waiting or {}).items()})
 
 
 @dataclass
@@ -108,59 +90,61 @@ CHIP_W, ROW_H = 250, 46
 
 
 def _tables(c: Canvas, st: PoolState, colors: dict[str, str], text: list[str]) -> float:
+    v = st.view
     c.text(4, 26, "block tables (logical block → physical block)", 24, bold=True)
     text.append("block tables (logical block -> physical block)")
-    rows = [*st.tables, *st.swapped, *st.waiting]
-    most = max([len(t) for t in [*st.tables.values(), *st.swapped.values()]] + [1])
+    most = max([len(t.blocks) for t in (*v.tables, *v.swapped)] + [1])
     x0 = CHIP_W + 16
     cell_w = min(96.0, (c.width - x0) / most - 8)
     c.text(4, 56, "logical block", 20, fill=MUTED)
     for i in range(most):
         c.text(x0 + i * (cell_w + 8) + cell_w / 2, 56, str(i), 20, anchor="middle", fill=MUTED)
+
+    def cells(y: float, labels: list[str], size: int, bold: bool, **box) -> None:
+        for i, label in enumerate(labels):
+            cx = x0 + i * (cell_w + 8)
+            c.rect(cx, y, cell_w, ROW_H, **box)
+            c.text(cx + cell_w / 2, y + 32, label, size, anchor="middle", bold=bold)
+
     y = 66
-    for s in rows:
-        color = colors[s]
-        if s in st.tables:
-            c.rect(4, y, CHIP_W, ROW_H, fill=color, stroke=INK, width=1.5)
-            c.text(16, y + 31, f"{s} · {st.lens[s]} tokens", 22, bold=True, fill=TEXT_ON[color])
-            for i, b in enumerate(st.tables[s]):
-                cx = x0 + i * (cell_w + 8)
-                c.rect(cx, y, cell_w, ROW_H, stroke=color, width=5)
-                c.text(cx + cell_w / 2, y + 32, f"#{b}", 24, anchor="middle", bold=True)
-            text.append(f"  {s:<3} {st.lens[s]:>3} tokens   " +
-                        " ".join(f"#{b}" for b in st.tables[s]))
-        elif s in st.swapped:
-            c.rect(4, y, CHIP_W, ROW_H, stroke=color, width=5, dash=True)
-            c.text(16, y + 31, f"{s} · swapped out", 22, bold=True)
-            for i, b in enumerate(st.swapped[s]):
-                cx = x0 + i * (cell_w + 8)
-                c.rect(cx, y, cell_w, ROW_H, stroke=LINE, width=3, dash=True)
-                c.text(cx + cell_w / 2, y + 32, f"cpu {b}", 22, anchor="middle")
-            text.append(f"  {s:<3} swapped out: CPU blocks " +
-                        " ".join(f"cpu {b}" for b in st.swapped[s]))
-        else:
-            c.rect(4, y, CHIP_W, ROW_H, stroke=color, width=5, dash=True)
-            c.text(16, y + 31, f"{s} · {st.waiting[s]} tokens", 22, bold=True)
-            c.text(x0, y + 31, "no blocks: its tokens will be prefilled again", 22,
-                   italic=True, fill=MUTED)
-            text.append(f"  {s:<3} {st.waiting[s]:>3} tokens   no blocks: prefilled again later")
+    for t in v.tables:                          # on the GPU: a filled chip, solid cells
+        s, color, ids = t.seq_id, colors[t.seq_id], [f"#{b}" for b in t.blocks]
+        c.rect(4, y, CHIP_W, ROW_H, fill=color, stroke=INK, width=1.5)
+        c.text(16, y + 31, f"{s} · {t.seq_len} tokens", 22, bold=True, fill=TEXT_ON[color])
+        cells(y, ids, 24, True, stroke=color, width=5)
+        text.append(f"  {s:<3} {t.seq_len:>3} tokens   " + " ".join(ids))
+        y += ROW_H + 8
+    for t in v.swapped:                         # in the CPU pool: dashed
+        ids = [f"cpu {b}" for b in t.blocks]
+        c.rect(4, y, CHIP_W, ROW_H, stroke=colors[t.seq_id], width=5, dash=True)
+        c.text(16, y + 31, f"{t.seq_id} · swapped out", 22, bold=True)
+        cells(y, ids, 22, False, stroke=LINE, width=3, dash=True)
+        text.append(f"  {t.seq_id:<3} swapped out: CPU blocks " + " ".join(ids))
+        y += ROW_H + 8
+    for s, n in st.waiting.items():             # preempted by recomputation: no blocks at all
+        c.rect(4, y, CHIP_W, ROW_H, stroke=colors[s], width=5, dash=True)
+        c.text(16, y + 31, f"{s} · {n} tokens", 22, bold=True)
+        c.text(x0, y + 31, "no blocks: its tokens will be prefilled again", 22,
+               italic=True, fill=MUTED)
+        text.append(f"  {s:<3} {n:>3} tokens   no blocks: prefilled again later")
         y += ROW_H + 8
     return y
 
 
 def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: float,
           text: list[str]) -> float:
-    used = sum(1 for r in st.ref if r)
-    head = (f"physical blocks (the pool): {st.num_blocks} × {st.block_size} slots · "
-            f"{used} in use · {st.num_blocks - used} free")
+    v, bs = st.view, st.view.block_size
+    used = sum(1 for b in v.blocks if b.ref_count)
+    head = (f"physical blocks (the pool): {v.num_blocks} × {bs} slots · "
+            f"{used} in use · {v.num_blocks - used} free")
     c.text(4, y + 26, head, 24, bold=True)
     text.append(head.replace("×", "x").replace(" · ", ", "))
     y += 38
-    cols = st.num_blocks if st.num_blocks <= 12 else math.ceil(st.num_blocks / 2)
-    box_w, box_h, bs = (c.width - 4) / cols - 10, 84, st.block_size
-    for b in range(st.num_blocks):
+    cols = v.num_blocks if v.num_blocks <= 12 else math.ceil(v.num_blocks / 2)
+    box_w, box_h = (c.width - 4) / cols - 10, 84
+    for blk in v.blocks:
+        b, owners, ref, hashed = blk.block, blk.owners, blk.ref_count, blk.block in st.hashed
         x, by = 4 + (b % cols) * (box_w + 10), y + (b // cols) * (box_h + 10)
-        owners, ref, fill = st.owners(b), st.ref[b], st.filled(b)
         copy_of = marks.copies.get(b)
         stroke, width = (COPY_MARK, 5) if copy_of is not None else ((INK, 2.5) if ref else
                                                                      (LINE, 2))
@@ -169,40 +153,32 @@ def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: flo
         if ref > 1:
             c.text(x + box_w - 8, by + 25, f"×{ref}", 22, anchor="end", bold=True)
         slot_w = (box_w - 16 - (bs - 1) * 4) / bs
-        if len(owners) == 1:
-            color = colors[owners[0]]
-        else:
-            color = SHARED if owners else KEPT
+        color = colors[owners[0]] if len(owners) == 1 else SHARED if owners else KEPT
         for k in range(bs):
             written = b * bs + k in marks.written
             c.rect(x + 8 + k * (slot_w + 4), by + 33, slot_w, 22,
-                   fill=color if k < fill else PAPER, stroke=INK if written else LINE,
+                   fill=color if k < blk.filled else PAPER, stroke=INK if written else LINE,
                    width=4 if written else 1.5, rx=2)
-        if copy_of is not None:
-            label = f"copy of #{copy_of}"
-        elif owners:
-            label = " ".join(owners)
-        else:
-            label = "free"
-        said = label                            # the text twin keeps the full label
+        said = (f"copy of #{copy_of}" if copy_of is not None else
+                " ".join(owners) if owners else "free")  # the text twin keeps the full label
         lx = x + 8
-        if b in st.hashed:
+        if hashed:
             c.circle(x + 16, by + 71, 8, HASH_MARK)
             lx += 18
-        if text_width(label, 20) > box_w - (lx - x) - 4:
-            label = label.replace("copy of ", "from ")  # a narrow box
+        label = said if text_width(said, 20) <= box_w - (lx - x) - 4 else \
+            said.replace("copy of ", "from ")   # a narrow box
         c.text(lx, by + 77, label, 20, fill=INK if ref else MUTED)
-        slots = "".join(_slot_char(owners, k < fill, b in st.hashed) for k in range(bs))
-        if ref or b in st.hashed:
+        slots = "".join(_slot_char(owners, k < blk.filled, hashed) for k in range(bs))
+        if ref or hashed:
             text.append(f"  #{b:<3} {slots}  " + (f"x{ref}" if ref > 1 else "  ") + f"  {said}"
-                        + (" (prefix hash)" if b in st.hashed else ""))
-    free = [b for b in range(st.num_blocks) if not st.ref[b] and b not in st.hashed]
+                        + (" (prefix hash)" if hashed else ""))
+    free = [b.block for b in v.blocks if not b.ref_count and b.block not in st.hashed]
     if free:
         text.append("  free: " + " ".join(f"#{b}" for b in free))
-    return y + math.ceil(st.num_blocks / cols) * (box_h + 10) - 4
+    return y + math.ceil(v.num_blocks / cols) * (box_h + 10) - 4
 
 
-def _slot_char(owners: list[str], filled: bool, hashed: bool) -> str:
+def _slot_char(owners, filled: bool, hashed: bool) -> str:
     if not filled:
         return "."
     if not owners:
@@ -212,9 +188,9 @@ def _slot_char(owners: list[str], filled: bool, hashed: bool) -> str:
 
 def _legend_items(st: PoolState, marks: Marks) -> list[tuple[str, str, str]]:
     items = [("box", PAPER, "empty slot")]
-    if any(len(st.owners(b)) > 1 for b in range(st.num_blocks)):
+    if any(len(b.owners) > 1 for b in st.view.blocks):
         items.append(("box", SHARED, "slots of a shared block (×n: reference count)"))
-    if any(not r and b in st.hashed for b, r in enumerate(st.ref)):
+    if any(b.state == "cached" for b in st.view.blocks):
         items.append(("box", KEPT, "free, K/V kept for the prefix cache"))
     if st.hashed:
         items.append(("dot", HASH_MARK, "block has a prefix hash"))

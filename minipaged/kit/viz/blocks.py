@@ -69,7 +69,6 @@ def _cell(view: PoolView, b, labels: Labels, highlight: Sequence[int]) -> Text:
 
 
 def memory_map(view: PoolView, labels: Labels, *, width: int = 100,
-               title: str = "physical blocks (the pool)",
                highlight: Sequence[int] = ()) -> RenderableType:
     """The pool as a grid of physical blocks, 8 a row (4 below 72 columns); blocks in
     ``highlight`` (read this step) get a ``◀``."""
@@ -82,8 +81,9 @@ def memory_map(view: PoolView, labels: Labels, *, width: int = 100,
     for i in range(0, len(cells), per_row):
         grid.add_row(*cells[i:i + per_row])
     used = sum(1 for b in view.blocks if b.state == "used")
-    head = Text.assemble((title, HEADING_STYLE), f": {view.num_blocks} blocks × "
-                         f"{view.block_size} slots, {used} in use, {view.num_free} free")
+    head = Text.assemble(("physical blocks (the pool)", HEADING_STYLE),
+                         f": {view.num_blocks} blocks × {view.block_size} slots, {used} in use, "
+                         f"{view.num_free} free")
     legend = Text("letter: owning sequence   ×n: reference count   ·: free", NOTE_STYLE)
     if any(b.state == "cached" for b in view.blocks):
         legend.append(f"   {CACHED_GLYPH}: free but cached (prefix hash kept)")

@@ -75,6 +75,8 @@ class Scene:
 
     name = title = summary = ""
     log_title = "this step"
+    vocab: Sequence[str] | None = None  # token id -> text: tokens printed under the tables
+    joiner = " "  # between two tokens' texts ("" for characters)
 
     def __init__(self, *, seed: int = 0, width: int = 100) -> None:
         if not isinstance(seed, int) or seed < 0:
@@ -100,20 +102,19 @@ class Scene:
               **views: object) -> Frame:
         return Frame(self.name, caption, body, list(events), dict(views), self.log_title)
 
-    def pool_frame(self, caption: str, events: Sequence[Event], *extra: RenderableType,
-                   view: PoolView | None = None, vocab: Sequence[str] | None = None,
-                   joiner: str = " ", final_lens=None, highlight: Sequence[int] = (),
-                   copies=()) -> Frame:
-        """Block tables over the memory map of ``self.manager`` (or of ``view``), then ``extra``;
-        with more than one sequence, how many blocks sharing saves."""
+    def pool_frame(self, caption: str, events: Sequence[Event], *extra: RenderableType | str,
+                   view: PoolView | None = None, final_lens=None,
+                   highlight: Sequence[int] = (), copies=()) -> Frame:
+        """Block tables over the memory map of ``self.manager`` (or of ``view``), then ``extra``
+        (a string is a note); with more than one sequence, how many blocks sharing saves."""
         view = read_pool(self.manager, copies=copies) if view is None else view
-        parts = [block_tables(view, self.labels, vocab=vocab, width=self.width,
-                              final_lens=final_lens, joiner=joiner), Text(""),
+        parts = [block_tables(view, self.labels, vocab=self.vocab, width=self.width,
+                              final_lens=final_lens, joiner=self.joiner), Text(""),
                  memory_map(view, self.labels, width=self.width, highlight=highlight)]
         if len(view.tables) > 1 and (saving := sharing_saving(view)):
             parts += [Text(""), Text(saving, NOTE_STYLE)]
         for e in extra:
-            parts += [Text(""), e]
+            parts += [Text(""), Text(e, NOTE_STYLE) if isinstance(e, str) else e]
         return self.frame(caption, Group(*parts), events, pool=view)
 
 

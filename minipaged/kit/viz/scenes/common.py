@@ -15,6 +15,7 @@ import numpy as np
 
 from minipaged.kit.viz.scene import Event
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
+from minipaged.paged.paged_attention import gather_kv
 
 VOCAB = (
     "the", "a", "cat", "sat", "on", "mat", "and", "then", "dog", "ran", "to", "park", "it",
@@ -115,18 +116,37 @@ class PagedKV:
         if pairs:
             copy_blocks(self.key_cache, self.value_cache, pairs)
 
-    def gather(self, seq_id: Hashable) -> tuple[np.ndarray, np.ndarray]:
-        """The sequence's K/V read through its block table, [T, Hkv, D] each."""
-        pos = np.arange(self.m.seq_len(seq_id))
-        blocks = np.asarray(self.m.block_table(seq_id))[pos // self.m.block_size]
-        offsets = pos % self.m.block_size
-        return self.key_cache[blocks, :, offsets], self.value_cache[blocks, :, offsets]
+    def decode(self, seq_ids, labels) -> tuple[list[tuple[int, int]], list[Event]]:
+        """One decode step of samples that may share blocks: each appends a random token, the
+        copy-on-write copies are applied, then the step's K/V written. Returns the copies and
+        the step log, ending with the check that every sample reads back intact."""
+        m = self.m
+        before = {s: m.block_table(s) for s in seq_ids}
+        tokens = {s: int(self.rng.integers(0, len(VOCAB))) for s in seq_ids}
+        slots = {s: m.append_slot(s, tokens[s]) for s in seq_ids}
+        copies = m.take_copies()
+        self.copy(copies)  # the copies first, then the step's new K/V
+        events = []
+        for src, dst in copies:
+            who = [labels(s) for s in seq_ids
+                   if before[s][-1] == src and m.block_table(s)[-1] == dst]
+            events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who)} wrote into a "
+                                        f"shared block, so it gets its own copy first"))
+        for s in seq_ids:
+            self.write(s, m.seq_len(s) - 1)
+            if len(m.block_table(s)) > len(before[s]):
+                events.append(Event("block", f"{labels(s)}: last block full, new block "
+                                             f"#{m.block_table(s)[-1]}"))
+            events.append(Event("append", f"{labels(s)}: \"{VOCAB[tokens[s]]}\" -> slot "
+                                          f"{slots[s]}"))
+        return copies, events + [self.check(seq_ids)]
 
     def all_intact(self, seq_ids) -> bool:
         """Every listed sequence reads back, bit for bit, what was written for it (with
         ``prefix_model``: what a cold run of the whole sequence would write)."""
-        for s in seq_ids:
-            k, v = self.gather(s)
+        for s in seq_ids:  # read through the block table as paged attention's oracle does
+            k, v = gather_kv(self.key_cache, self.value_cache, np.asarray(self.m.block_table(s)),
+                             self.m.seq_len(s))
             if self.prefix_model:
                 wk, wv = self.model_kv(self.m.token_ids(s), 0, self.m.seq_len(s))
             else:

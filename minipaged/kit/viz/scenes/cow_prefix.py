@@ -17,11 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from rich.text import Text
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
-from minipaged.kit.viz.style import NOTE_STYLE
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 14
@@ -33,6 +31,7 @@ class CowPrefixScene(Scene):
     name = "cow-prefix"
     title = "Copy-on-write under prefix caching: hashes and copies"
     summary = "parallel samples with the prefix cache on: full blocks by hash, the last by CoW"
+    vocab = VOCAB
 
     def frames(self) -> Iterator[Frame]:
         rng = np.random.default_rng(self.seed)
@@ -58,7 +57,7 @@ class CowPrefixScene(Scene):
             [Event("fork", f"{s} = fork of A: blocks {blocks_text(m.block_table(s))}")
              for s in SAMPLES[1:]])
         for step in range(1, BLOCK_SIZE - fill + 2):  # until every sample took a new block
-            yield self._decode(step, rng)
+            yield self._decode(step)
         b = m.token_ids("B")
         d_prompt = b + random_tokens(rng, 1)
         before = {blk: m.ref_count(blk) for blk in m.block_table("B")}
@@ -86,39 +85,21 @@ class CowPrefixScene(Scene):
             [Event("free", f"A, B, C, D freed; {m.num_free_blocks} of {m.num_blocks} blocks "
                            f"free")])
 
-    def _decode(self, step: int, rng: np.random.Generator) -> Frame:
+    def _decode(self, step: int) -> Frame:
         m = self.manager
-        before = {s: m.block_table(s) for s in SAMPLES}
-        tokens = {s: int(rng.integers(0, len(VOCAB))) for s in SAMPLES}
-        slots = {s: m.append_slot(s, tokens[s]) for s in SAMPLES}
-        copies = m.take_copies()
-        self.kv.copy(copies)  # the copies first, then the step's new K/V
-        events, filled = [], []
-        for src, dst in copies:
-            who = [s for s in SAMPLES if before[s][-1] == src and m.block_table(s)[-1] == dst]
-            events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who)} wrote into a "
-                                        f"shared block, so it gets its own copy first"))
-        for s in SAMPLES:
-            self.kv.write(s, m.seq_len(s) - 1)
-            if len(m.block_table(s)) > len(before[s]):
-                events.append(Event("block", f"{s}: last block full, new block "
-                                             f"#{m.block_table(s)[-1]}"))
-            events.append(Event("append", f"{s}: \"{VOCAB[tokens[s]]}\" -> slot {slots[s]}"))
-            if m.seq_len(s) % BLOCK_SIZE == 0:
-                filled.append(s)
-        events.append(self.kv.check(SAMPLES))
+        copies, events = self.kv.decode(SAMPLES, self.labels)
         caption = f"Step {step}: each sample appends a token. "
         if copies:
             caption += (f"{len(copies)} copy-on-write copies: the last writer of the shared "
                         f"block keeps it and writes in place.")
         else:
             caption += "No copies: no sample writes into a shared block."
-        if filled:
+        if filled := [s for s in SAMPLES if m.seq_len(s) % BLOCK_SIZE == 0]:
             caption += (f" {', '.join(filled)} filled a block: hashed and cached under its own "
                         f"prefix ({len(m.allocator.cached_blocks())} blocks findable now).")
         return self._frame(caption, events, copies=copies)
 
     def _frame(self, caption: str, events: list[Event], copies=()) -> Frame:
         findable = sorted(self.manager.allocator.cached_blocks().values())
-        line = Text(f"findable by hash: {blocks_text(findable)}", NOTE_STYLE)
-        return self.pool_frame(caption, events, line, vocab=VOCAB, copies=copies)
+        line = f"findable by hash: {blocks_text(findable)}"
+        return self.pool_frame(caption, events, line, copies=copies)

@@ -38,7 +38,7 @@ STRIDE = 3  # steps between two frames
 KINDS = ("max", "pow2", "oracle", "paged")
 
 
-class _System:
+class CacheQueue:
     """One cache and its FCFS queue. ``kind`` is a contiguous policy or "paged"."""
 
     def __init__(self, kind: str, requests) -> None:
@@ -92,6 +92,12 @@ class _System:
     def view(self):
         return read_pool(self.cache) if self.kind == "paged" else read_arena(self.cache,
                                                                             self.next_need())
+
+    def slots(self):
+        """Each slot as (category, owner), the way the cache's own ``usage()`` counts."""
+        if self.kind == "paged":
+            return self.view().slot_categories(self.final_lens())
+        return self.view().slot_categories()
 
     def step(self, step: int, rng: np.random.Generator) -> None:
         if self.done_at is not None:
@@ -164,7 +170,7 @@ class FragmentationScene(Scene):
                                    max_len=MAX_SEQ_LEN)
         for r in requests:
             self.labels(r.seq_id)
-        self.systems = [_System(k, requests) for k in KINDS]
+        self.systems = [CacheQueue(k, requests) for k in KINDS]
         lens = ", ".join(f"{self.labels(r.seq_id)} {len(r.prompt)}->{r.final_len}"
                          for r in requests)
         yield self._frame(f"{NUM_REQUESTS} requests (prompt -> final tokens): {lens}. Each cache "
@@ -220,14 +226,11 @@ class FragmentationScene(Scene):
         return views
 
     def _frame(self, caption: str, events: list[Event]) -> Frame:
-        views, parts = self.views(), []
+        parts = []
         for s in self.systems:
-            v = views[s.kind]
-            slots = v.slot_categories(s.final_lens()) if s.kind == "paged" else \
-                v.slot_categories()
             note = (f"running {len(s.running)}   waiting {len(s.waiting)}   done {len(s.done)}"
                     + (f"   (all done after {s.done_at} steps)" if s.done_at else ""))
-            parts.append(slot_strip(s.kind, slots, self.labels, width=self.width, note=note))
+            parts.append(slot_strip(s.kind, s.slots(), self.labels, width=self.width, note=note))
         bars = waste_bars([(s.kind, s.usage()) for s in self.systems], width=self.width)
         return self.frame(caption, Group(*parts, strip_legend(), Text(""), bars), events,
-                          **views)
+                          **self.views())

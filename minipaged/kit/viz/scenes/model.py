@@ -52,6 +52,22 @@ def start_for(seed: int) -> int:
     return 9 - seed % 4
 
 
+# What a frame's caption says for each kind of event in its step log, in this order.
+SAID = {
+    "admit": "the engine prefills \"{prompt}\" in one forward pass and samples its first "
+             "character {n} times (n={n}, temperature {t:g}, seed {seed})",
+    "fork": "the second sample is a fork of the first: it shares every prompt block (reference "
+            "count 2)",
+    "copy": "both write into the shared, partly filled last block: the first writer gets a copy "
+            "(copy-on-write), the last writes in place; full prompt blocks stay shared",
+    "block": "a last block filled up, so a new one came from the free list ({free} of {total} "
+             "now free)",
+    "preempt": "the pool ran short and a request was preempted",
+    "free": "the samples ended (<eos> or max_tokens) and were freed; the pool has {free} of "
+            "{total} blocks free again",
+}
+
+
 class _Stop(Exception):
     """Raised inside the engine's callback when nobody watches any more: unwinds ``generate``."""
 
@@ -61,6 +77,7 @@ class ModelScene(Scene):
     title = "The tiny model: real text in the pages, two samples sharing them"
     summary = "the tiny trained model generates through the engine: n=2 samples share a prompt"
     log_title = "engine steps since the last picture"
+    joiner = ""  # one token is one character
 
     @classmethod
     def missing(cls) -> str | None:
@@ -81,13 +98,15 @@ class ModelScene(Scene):
         """After every engine step: the frame to show, or None when the step changed no block
         table (tokens written in place only: the next frame's log lists them)."""
         view = read_pool(self.llm.manager, copies=stats.copies)
-        tables = [(t.seq_id, t.blocks) for t in view.tables]
-        if self._shown is not None and tables == self._shown_tables and not (
+        def tables(v: PoolView) -> list:
+            return [(t.seq_id, t.blocks) for t in v.tables]
+
+        if self._shown is not None and tables(view) == tables(self._shown) and not (
                 stats.copies or stats.preempted):
             return None
         events = self._events(self._shown, view, stats.preempted)
         frame = self._step_frame((self._since, stats.step), view, events)
-        self._shown, self._shown_tables, self._since = view, tables, stats.step + 1
+        self._shown, self._since = view, stats.step + 1
         return frame
 
     def _events(self, old: PoolView | None, view: PoolView, preempted) -> list[Event]:
@@ -113,7 +132,7 @@ class ModelScene(Scene):
                                              f"{blocks_text(t.blocks)}"))
                 continue
             if t.seq_len > o.seq_len:
-                text = "".join(self._text[i] for i in t.token_ids[o.seq_len:])
+                text = "".join(self.vocab[i] for i in t.token_ids[o.seq_len:])
                 slots = m.slot_mapping(t.seq_id, o.seq_len, t.seq_len)
                 events.append(Event("append", f"{lab}: \"{text}\" ({len(text)} token"
                                               f"{'s' * (len(text) > 1)}) -> slots "
@@ -137,9 +156,8 @@ class ModelScene(Scene):
         from minipaged.model import LLM, SamplingParams
         from minipaged.model.checkpoint import load_model
 
-        self._text = token_texts()
+        self.vocab = token_texts()
         self._shown: PoolView | None = None  # the view of the last frame shown
-        self._shown_tables: list = []
         self._since, self._order = 0, []  # first engine step not shown; seq_ids as they appeared
         self.llm = llm = LLM(load_model(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
         self.prompt = f"count down from {start_for(self.seed)}:"
@@ -185,29 +203,11 @@ class ModelScene(Scene):
                     events: list[Event]) -> Frame:
         lo, hi = steps
         kinds = {e.kind for e in events}
-        said = []
-        if "admit" in kinds:
-            said.append(f"the engine prefills \"{self.prompt}\" in one forward pass and samples "
-                        f"its first character {N_SAMPLES} times (n={N_SAMPLES}, temperature "
-                        f"{TEMPERATURE:g}, seed {self.seed})")
-        if "fork" in kinds:
-            said.append("the second sample is a fork of the first: it shares every prompt block "
-                        "(reference count 2)")
-        if "copy" in kinds:
-            said.append("both write into the shared, partly filled last block: the first writer "
-                        "gets a copy (copy-on-write), the last writes in place; full prompt "
-                        "blocks stay shared")
-        if "block" in kinds:
-            said.append(f"a last block filled up, so a new one came from the free list "
-                        f"({view.num_free} of {view.num_blocks} now free)")
-        if "preempt" in kinds:
-            said.append("the pool ran short and a request was preempted")
-        if "free" in kinds:
-            said.append(f"the samples ended (<eos> or max_tokens) and were freed; the pool "
-                        f"has {view.num_free} of {view.num_blocks} blocks free again")
+        facts = dict(prompt=self.prompt, n=N_SAMPLES, t=TEMPERATURE, seed=self.seed,
+                     free=view.num_free, total=view.num_blocks)
+        said = [text.format(**facts) for kind, text in SAID.items() if kind in kinds]
         when = f"Engine step {hi}" if lo == hi else f"Engine steps {lo}-{hi}"
-        return self.pool_frame(f"{when}: " + "; ".join(said) + ".", events, view=view,
-                               vocab=self._text, joiner="")
+        return self.pool_frame(f"{when}: " + "; ".join(said) + ".", events, view=view)
 
     def _completions_frame(self, outputs) -> Frame:
         from minipaged.model.corpus import check

@@ -13,26 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from rich.text import Text
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, blocks_text, ids_text, random_requests, words
-from minipaged.kit.viz.style import NOTE_STYLE
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 16
 BLOCK_SIZE = 4
 
 
-def room_left(manager, seq_id) -> int:
-    """Free slots in the sequence's last block: where its next tokens go without a new block."""
-    return -manager.seq_len(seq_id) % manager.block_size
-
-
 class PagingScene(Scene):
     name = "paging"
     title = "Paging: block tables and the slot mapping"
     summary = "block tables growing token by token; slot = block * block_size + offset"
+    vocab = VOCAB
 
     def frames(self) -> Iterator[Frame]:
         rng = np.random.default_rng(self.seed)
@@ -61,7 +55,7 @@ class PagingScene(Scene):
         m.allocate(r.seq_id, r.prompt)
         table = m.block_table(r.seq_id)
         slots = m.slot_mapping(r.seq_id, 0, len(r.prompt))
-        room = room_left(m, r.seq_id)
+        room = -m.seq_len(r.seq_id) % BLOCK_SIZE  # free slots left in its last block
         caption = (f"{name} arrives with a prompt of {len(r.prompt)} tokens: it gets "
                    f"{len(table)} block{'s' * (len(table) != 1)}, just enough; " +
                    (f"its last block has {room} free slot{'s' * (room > 1)} for the next tokens."
@@ -93,5 +87,4 @@ class PagingScene(Scene):
                            f"this step's slot_mapping = {ids_text(slots)} (one slot per token)")
 
     def _frame(self, caption: str, events: list[Event], mapping: str = "") -> Frame:
-        extra = [Text(mapping, NOTE_STYLE)] if mapping else []
-        return self.pool_frame(caption, events, *extra, vocab=VOCAB)
+        return self.pool_frame(caption, events, *[mapping] if mapping else [])

@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from rich.text import Text
 
 from minipaged._checks import cdiv
 from minipaged.kit.viz.blocks import cpu_pool
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens
 from minipaged.kit.viz.state import read_pool
-from minipaged.kit.viz.style import NOTE_STYLE
 from minipaged.serving.swap import CPUBlockPool, KVCacheManager
 
 NUM_BLOCKS = 10
@@ -35,6 +33,7 @@ class PreemptScene(Scene):
     name = "preempt"
     title = "Preemption: swapping out and recomputing when blocks run out"
     summary = "a pool too small: a request swapped to CPU and back, another recomputed"
+    vocab = VOCAB
 
     def frames(self) -> Iterator[Frame]:
         rng = np.random.default_rng(self.seed)
@@ -112,8 +111,7 @@ class PreemptScene(Scene):
 
     def _frame(self, caption: str, events: list[Event]) -> Frame:
         lens = {s: f for s, f in self.final.items() if s in self.manager.seq_ids}
-        free_cpu = Text(f"CPU pool: {self.manager.num_free_cpu_blocks} of {NUM_CPU_BLOCKS} "
-                        f"blocks free", NOTE_STYLE)
+        free_cpu = f"CPU pool: {self.manager.num_free_cpu_blocks} of {NUM_CPU_BLOCKS} blocks free"
         view = read_pool(self.manager)
         return self.pool_frame(caption, events, cpu_pool(view, self.labels), free_cpu,
-                               view=view, vocab=VOCAB, final_lens=lens)
+                               view=view, final_lens=lens)

@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from rich.text import Text
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
 from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
-from minipaged.kit.viz.style import NOTE_STYLE
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 12
@@ -29,6 +27,7 @@ class PrefixScene(Scene):
     name = "prefix"
     title = "Prefix caching: shared system prompt, hits and LRU eviction"
     summary = "a shared system prompt: prefix-cache hits, cached free blocks, LRU eviction"
+    vocab = VOCAB
 
     def frames(self) -> Iterator[Frame]:
         rng = np.random.default_rng(self.seed)
@@ -98,4 +97,4 @@ class PrefixScene(Scene):
         rate = f" ({100 * self.hits / self.eligible:.0f}%)" if self.eligible else ""
         stats = (f"prefix cache so far: {self.hits} hits of {self.eligible} prompt blocks that "
                  f"could hit{rate}; {self.evictions} evictions")
-        return self.pool_frame(caption, events, Text(stats, NOTE_STYLE), vocab=VOCAB)
+        return self.pool_frame(caption, events, stats)

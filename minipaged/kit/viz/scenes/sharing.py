@@ -29,6 +29,8 @@ BLOCK_SIZE = 4
 
 
 class _SharingScene(Scene):
+    vocab = VOCAB
+
     def _start(self) -> tuple[np.random.Generator, KVCacheManager, list[int]]:
         """A fresh pool with K/V storage, and a seeded prompt of 5-7 tokens to share."""
         rng = np.random.default_rng(self.seed)
@@ -43,13 +45,13 @@ class ForkScene(_SharingScene):
     summary = "three samples of one prompt share its blocks; copy-on-write on append"
 
     def frames(self) -> Iterator[Frame]:
-        rng, m, prompt = self._start()
+        _, m, prompt = self._start()
         m.allocate(0, prompt)
         self.kv.write(0, 0)
         yield self.pool_frame(f"A prompt of {len(prompt)} tokens is allocated once and its K/V "
                               f"written. We want three samples of it.",
                               [Event("admit", f"A: \"{words(prompt)}\" -> blocks "
-                                              f"{blocks_text(m.block_table(0))}")], vocab=VOCAB)
+                                              f"{blocks_text(m.block_table(0))}")])
         samples, events = [0, 1, 2], []
         for child in samples[1:]:
             m.fork(0, child)
@@ -57,38 +59,20 @@ class ForkScene(_SharingScene):
             events.append(Event("fork", f"{self.labels(child)} = fork of A: shares blocks "
                                         f"{blocks_text(m.block_table(child))}, nothing copied"))
         yield self.pool_frame("Forking copies no K/V: the samples share every block, and each "
-                              "block's reference count says by how many.", events, vocab=VOCAB)
+                              "block's reference count says by how many.", events)
         for _ in range(6):
-            before = {s: m.block_table(s) for s in samples}
-            tokens = {s: int(rng.integers(0, len(VOCAB))) for s in samples}
-            slots = {s: m.append_slot(s, tokens[s]) for s in samples}
-            copies = m.take_copies()
-            self.kv.copy(copies)  # copies first, then the step's new K/V
-            events = []
-            for src, dst in copies:
-                who = [self.labels(s) for s in samples
-                       if before[s][-1] == src and m.block_table(s)[-1] == dst]
-                events.append(Event("copy", f"#{src} -> #{dst}: {', '.join(who)} wrote into a "
-                                            f"shared block, so it gets its own copy first"))
-            for s in samples:
-                self.kv.write(s, m.seq_len(s) - 1)
-                if len(m.block_table(s)) > len(before[s]):
-                    events.append(Event("block", f"{self.labels(s)}: last block full, new "
-                                                 f"block #{m.block_table(s)[-1]}"))
-                events.append(Event("append", f"{self.labels(s)}: \"{VOCAB[tokens[s]]}\" -> "
-                                              f"slot {slots[s]}"))
-            events.append(self.kv.check(samples))
+            copies, events = self.kv.decode(samples, self.labels)
             caption = "Each sample appends its own token. " + (
                 f"{len(copies)} copy-on-write copies: the last writer of a shared block keeps "
                 f"it and writes in place." if copies else
                 "No block is shared where they write any more: no copies.")
-            yield self.pool_frame(caption, events, vocab=VOCAB, copies=copies)
+            yield self.pool_frame(caption, events, copies=copies)
         for s in samples:
             m.free(s)
         yield self.pool_frame("The request is done: every sample is freed; every block's "
                               "reference count drops to 0 and the pool is free again.",
                               [Event("free", f"A, B, C freed; {m.num_free_blocks} of "
-                                             f"{m.num_blocks} blocks free")], vocab=VOCAB)
+                                             f"{m.num_blocks} blocks free")])
 
 
 class BeamScene(_SharingScene):
@@ -101,7 +85,7 @@ class BeamScene(_SharingScene):
         beam = BeamSearch(m, "query", prompt, width=3)
         self.kv.write(beam.beams[0], 0)
         yield self.pool_frame(f"Beam search of width 3 starts from one beam: the {len(prompt)}-"
-                              f"token prompt.", [], vocab=VOCAB)
+                              f"token prompt.", [])
         for step in range(1, 8):
             cands = [Candidate(s, int(t), beam.scores[s] + float(np.log(p)))
                      for s in beam.beams
@@ -128,4 +112,4 @@ class BeamScene(_SharingScene):
             caption = (f"Step {step}: {len(cands)} candidates, the {len(beam.beams)} best survive "
                        f"({forked} forked, {len(dropped)} dropped). Beams share their common "
                        f"history.")
-            yield self.pool_frame(caption, events, vocab=VOCAB, copies=copies)
+            yield self.pool_frame(caption, events, copies=copies)
