@@ -1,16 +1,13 @@
 """The grading engine: load a learner's file from any path, run hidden cases, say what is wrong.
 
-A hidden case (``grader/ex_*.py``) is a function of the learner's module. It checks with four
-helpers, each raising ``CaseFailure`` with the inputs, the expected and the actual value:
-``agree(fn, oracle, cases, ...)``, the one way to compare with a reference, calls both on every
-case and reports the first mismatch; ``equal(got, want, ...)`` shows exactly the values compared
-(for sequences and arrays the first index that differs, for dicts only the entries that differ);
-``rejects(call, kinds, ..., state=...)`` wants one of ``kinds`` raised and ``state()``, a
-snapshot of everything the call could touch, unchanged right after; ``expect(condition, ...)``
-covers the rest. Each case has its own hint and a failure may carry a more precise one, so a
-hint speaks to what went wrong. An untouched exercise (``raise NotImplementedError``) reads as
-"not started"; any other exception is one line plus the learner's line where it happened; a
-case that runs too long is stopped (where SIGALRM exists) instead of hanging.
+A hidden case (``grader/ex_*.py``) is a function of the learner's module. It checks with
+``agree`` (the one way to compare a learner's function with a reference on many inputs),
+``equal``, ``rejects`` (the call must raise and change nothing) and ``expect``; each failure is a
+``CaseFailure`` with the inputs, the expected and the actual value, and may carry a hint more
+precise than its case's, so a hint speaks to what went wrong. An untouched exercise (``raise
+NotImplementedError``) reads as "not started"; any other exception is one line plus the
+learner's line where it happened; a case that runs too long is stopped (where SIGALRM exists)
+instead of hanging.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import copy
 import importlib.util
 import inspect
 import itertools
-import re
 import signal
 import sys
 import threading
@@ -102,11 +98,10 @@ def _parameter_names(fn: Callable, n: int) -> list[str]:
     """The names of ``fn``'s first ``n`` parameters (the exercise's, in a learner's function),
     or "argument 0", ... where the signature does not say (``*args``, a builtin)."""
     try:
-        names = [p.name for p in inspect.signature(fn).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = list(inspect.signature(fn).parameters)[:n]
     except (TypeError, ValueError):
         names = []
-    return names[:n] if len(names) >= n else [f"argument {i}" for i in range(n)]
+    return names if len(names) == n else [f"argument {i}" for i in range(n)]
 
 
 def agree(fn: Callable, oracle: Callable, cases: Iterable[tuple], message: str, *,
@@ -203,16 +198,6 @@ class GradeResult:
 
 
 _counter = itertools.count()
-EXERCISE_MARK = re.compile(r'^EXERCISE\s*=\s*["\'](\d\d_[A-Za-z0-9_]+)["\']', re.MULTILINE)
-
-
-def exercise_name_in(path: Path) -> str | None:
-    """The ``EXERCISE = "NN_name"`` marker of a file (a copy under any name keeps it)."""
-    try:
-        m = EXERCISE_MARK.search(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None
-    return m.group(1) if m else None
 
 
 def load_module(path: Path) -> ModuleType:
@@ -236,18 +221,17 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def _learner_frames(exc: BaseException, path: Path) -> list[traceback.FrameSummary]:
-    target = str(path.resolve())
-    return [f for f in traceback.extract_tb(exc.__traceback__)
-            if str(Path(f.filename).resolve()) == target]
+def _learner_frame(exc: BaseException, path: Path) -> traceback.FrameSummary | None:
+    """The innermost traceback frame of ``exc`` inside the learner's file, if any."""
+    target = path.resolve()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == target]
+    return frames[-1] if frames else None
 
 
 def _learner_location(exc: BaseException, path: Path) -> str:
-    frames = _learner_frames(exc, path)
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}"
+    f = _learner_frame(exc, path)
+    return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}" if f else ""
 
 
 class CaseTimeout(Exception):
@@ -277,9 +261,9 @@ def run_case(case: Case, module: ModuleType, path: Path, timeout_s: float) -> Ca
     try:
         _with_timeout(lambda: case.run(module), timeout_s)
     except NotImplementedError as e:
-        frames = _learner_frames(e, path)
-        func = frames[-1].name if frames else "?"
-        return CaseResult(case.name, "todo", f"{func}() still raises NotImplementedError")
+        frame = _learner_frame(e, path)
+        return CaseResult(case.name, "todo",
+                          f"{frame.name if frame else '?'}() still raises NotImplementedError")
     except CaseFailure as e:
         return CaseResult(case.name, "fail", e.message, failure=e, hint=e.hint or case.hint)
     except CaseTimeout as e:

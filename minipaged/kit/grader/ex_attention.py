@@ -18,6 +18,16 @@ from minipaged.attention import dense_attention
 from minipaged.kit.grader.core import Exercise, equal, rejects
 
 
+def random_block_tables(rng: np.random.Generator, need, num_blocks: int) -> np.ndarray:
+    """Padded block tables [S, MB], int32: row s holds need[s] distinct random blocks of a pool
+    of num_blocks, then -1 padding (0 to 2 spare columns beyond the longest row)."""
+    perm = rng.permutation(num_blocks)
+    tables = np.full((len(need), max(need) + int(rng.integers(0, 3))), -1, dtype=np.int32)
+    for s, n in enumerate(need):
+        tables[s, :n], perm = perm[:n], perm[n:]
+    return tables
+
+
 def make_batch(rng: np.random.Generator, dtype=np.float64):
     """A random decode batch in a paged pool, plus each sequence's K/V kept contiguously."""
     hkv = int(rng.choice([1, 2, 4]))
@@ -26,19 +36,15 @@ def make_batch(rng: np.random.Generator, dtype=np.float64):
     seq_lens = rng.integers(1, 71, size=s_count).astype(np.int32)
     need = [cdiv(int(n), bs) for n in seq_lens]
     nb = sum(need) + int(rng.integers(0, 4))
-    perm = rng.permutation(nb)
-    tables = np.full((s_count, max(need) + int(rng.integers(0, 3))), -1, dtype=np.int32)
+    tables = random_block_tables(rng, need, nb)
     kc = np.full((nb, hkv, bs, d), np.nan, dtype=dtype)  # [NB, Hkv, BS, D]
     vc = np.full((nb, hkv, bs, d), np.nan, dtype=dtype)
-    ks, vs, used = [], [], 0
+    ks, vs = [], []
     for s, n in enumerate(int(n) for n in seq_lens):
-        blocks = perm[used:used + need[s]]
-        used += need[s]
-        tables[s, :need[s]] = blocks
         k, v = (rng.standard_normal((n, hkv, d)).astype(dtype) for _ in range(2))
         pos = np.arange(n)
-        kc[blocks[pos // bs], :, pos % bs] = k
-        vc[blocks[pos // bs], :, pos % bs] = v
+        kc[tables[s, pos // bs], :, pos % bs] = k
+        vc[tables[s, pos // bs], :, pos % bs] = v
         ks.append(k)
         vs.append(v)
     q = rng.standard_normal((s_count, h, d)).astype(dtype)

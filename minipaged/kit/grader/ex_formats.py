@@ -11,6 +11,7 @@ import numpy as np
 
 from minipaged._checks import cdiv
 from minipaged.kit.grader.core import Exercise, agree, equal, rejects
+from minipaged.kit.grader.ex_attention import random_block_tables
 
 EX_12 = Exercise("12_flashinfer_csr", "padded block table <-> FlashInfer's CSR page table",
                  ("block_table_to_csr", "csr_to_block_table"))
@@ -20,12 +21,7 @@ def _random_batch(rng):
     bs, s = int(rng.choice([1, 4, 16])), int(rng.integers(1, 6))
     lens = rng.integers(1, 6 * bs + 1, size=s).astype(np.int32)
     pages = cdiv(lens, bs)
-    perm = rng.permutation(int(pages.sum()) + 5).astype(np.int32)
-    tables = np.full((s, int(pages.max()) + int(rng.integers(0, 3))), -1, np.int32)
-    used = 0
-    for i, p in enumerate(pages):
-        tables[i, :p] = perm[used:used + p]
-        used += p
+    tables = random_block_tables(rng, pages, int(pages.sum()) + 5)
     ptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
     idx = np.concatenate([tables[i, :p] for i, p in enumerate(pages)]).astype(np.int32)
     return tables, lens, bs, pages, (ptr, idx, (lens - bs * (pages - 1)).astype(np.int32))

@@ -26,19 +26,22 @@ def _cow_state(mgr, nb: int, seqs):
             "num_free_blocks": mgr.num_free_blocks}
 
 
+def _counts(tables) -> dict[int, int]:
+    """How many table entries point at each block: what its reference count must be."""
+    return dict(Counter(b for t in tables for b in t))
+
+
 def _check_cow(mgr, nb: int, bs: int, pool: np.ndarray, model: dict[int, list[int]],
                log: list[str]) -> None:
     inputs = dict(num_blocks=nb, block_size=bs, operations=log[-10:])
-    counts: dict[int, int] = {}
+    tables = {seq: mgr.block_table(seq) for seq in model}
     for seq, tokens in model.items():
-        table = mgr.block_table(seq)
+        table, pos = tables[seq], np.arange(len(tokens))
         equal(len(table), cdiv(len(tokens), bs), f"sequence {seq} holds {len(tokens)} tokens: "
               f"its table length is wrong", inputs)
-        for b in table:
-            counts[b] = counts.get(b, 0) + 1
-        pos = np.arange(len(tokens))
         equal(pool[np.asarray(table, dtype=np.int64)[pos // bs], pos % bs].tolist(), tokens,
               f"sequence {seq} reads back wrong tokens through its block table {table}", inputs)
+    counts = _counts(tables.values())
     equal([mgr.ref_count(b) for b in range(nb)], [counts.get(b, 0) for b in range(nb)],
           "ref_count(b) must equal the number of table entries pointing at b", inputs)
     equal(mgr.num_free_blocks, nb - len(counts), "free blocks + used blocks != total", inputs)
@@ -160,10 +163,6 @@ def _cow_random(m):
 
 EX_09 = Exercise("09_beam_search", "beam search: fork the survivors, free the dropped beams",
                  ("fork_and_free", "memory_saving"))
-
-
-def _counts(tables) -> dict[int, int]:
-    return dict(Counter(b for t in tables for b in t))
 
 
 @EX_09.case("a dropped beam sharing a block with a survivor (the ordering pitfall)",
