@@ -147,8 +147,7 @@ def _replay(m, rng, budget: int, num_requests: int, bs: int) -> int:
                          max_seq_len=256, watermark=0.0)
     sched = Scheduler(policy, SchedulerConfig(max_model_len=256, chunked_prefill=True,
                                               max_num_batched_tokens=budget))
-    # Our own bookkeeping from add_request and the SchedulerOutputs, in arrival order.
-    order: list[str] = []
+    # Our own bookkeeping from add_request and the SchedulerOutputs (dicts keep arrival order).
     prompt_len: dict[str, int] = {}
     computed: dict[str, int] = {}
     log: list[str] = []
@@ -158,15 +157,14 @@ def _replay(m, rng, budget: int, num_requests: int, bs: int) -> int:
             rid, n = f"q{added}", int(rng.integers(1, 3 * budget + 2))
             sched.add_request(rid, [1 + (added + i) % 50 for i in range(n)],
                               int(rng.integers(1, 6)), arrival_s=float(steps))
-            order.append(rid)
             prompt_len[rid], computed[rid] = n, 0
             log.append(f"add {rid} (prompt {n})")
             added += 1
             continue
         if not sched.has_unfinished():
             continue
-        decodes = [r for r in order if computed[r] == prompt_len[r]]
-        prefills = [(r, computed[r], prompt_len[r]) for r in order if computed[r] < prompt_len[r]]
+        decodes = [r for r in prompt_len if computed[r] == prompt_len[r]]
+        prefills = [(r, computed[r], n) for r, n in prompt_len.items() if computed[r] < n]
         assert len(decodes) <= budget  # at most `budget` requests: the rules agree here
         out = sched.schedule()
         want = ([s.group.request_id for s in out.decodes],
@@ -179,7 +177,7 @@ def _replay(m, rng, budget: int, num_requests: int, bs: int) -> int:
             computed[c.seq.group.request_id] = c.end
         finished = sched.update(out, StepResult(0.0, [7] * len(out.sampled)), float(steps))
         for g in finished:
-            order.remove(g.request_id)
+            del prompt_len[g.request_id], computed[g.request_id]
         log.append(f"step {steps}: decodes {want[0]}, chunks {want[1]}")
         steps += 1
     return steps
