@@ -142,8 +142,9 @@ def _needed(m):
             hint="the logical block of position p is p // BS, its offset p % BS")
 def _paper(m):
     table, bs = [7, 1, 3], 4
-    agree(m.slot_for, lambda t, b, p: int(_ref_slot_mapping(t, b, p, p + 1)[0]),
-          [(table, bs, p) for p in range(12)], "wrong slot for this position")
+    for p in range(12):
+        agree(m.slot_for, lambda t, b, p: int(_ref_slot_mapping(t, b, p, p + 1)[0]),
+              [(table, bs, p)], f"wrong slot for position {p}")
     for p in (12, -1):
         rejects(lambda p=p: m.slot_for(table, bs, p), (IndexError, ValueError),
                 f"position {p} is outside the table and must be rejected",
