@@ -276,3 +276,27 @@ def test_hints_differ_per_case_and_per_failure(tmp_path):
     high = _first_failure(_mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
                                   "if not 0 <= block <= len(self._counts):"))[0].hint
     assert low != high
+
+
+def test_agree_reports_the_first_mismatch_by_parameter_name():
+    from minipaged.kit.grader.core import CaseFailure, agree, equal
+
+    def learner(tokens, block_size):
+        tokens.append(99)                        # a learner that mutates its input
+        return len(tokens) // block_size
+
+    cases = [([1, 2, 3, 4], 2), ([1, 2, 3], 2), ([1], 4)]
+    with pytest.raises(CaseFailure) as e:
+        agree(learner, lambda toks, bs: -(-len(toks) // bs), cases, "wrong count")
+    # the first two agree (5 // 2 = 2, 4 // 2 = 2); the third does not (2 // 4 = 0, not 1)
+    assert e.value.inputs == {"tokens": [1], "block_size": 4}
+    assert (e.value.expected, e.value.got) == (1, 0)
+    assert cases[0][0] == [1, 2, 3, 4]           # the learner got a copy
+    with pytest.raises(CaseFailure) as e:
+        agree(lambda *args: 0, lambda a, b: 1, [(3, 4)], "wrong")
+    assert e.value.inputs == {"argument 0": 3, "argument 1": 4}
+    # one tolerance rule: |got - want| <= tol * (1 + |want|), for numbers and arrays alike
+    equal(1.0 + 1e-13, 1.0, "within", tol=1e-12)
+    with pytest.raises(CaseFailure) as e:
+        equal(np.array([1.0, 2.5]), np.array([1.0, 2.0]), "beyond", tol=1e-9)
+    assert "index [1]" in e.value.message and "tolerance 1e-09" in e.value.message

@@ -1,27 +1,26 @@
 """The grading engine: load a learner's file from any path, run hidden cases, say what is wrong.
 
-A hidden case (``grader/ex_*.py``) is a function of the learner's module that checks it with
-three assertions, each raising ``CaseFailure`` with the inputs, the expected and the actual value:
-``equal(got, want, ...)`` shows exactly the values compared (for sequences and arrays the first
-index that differs, for dicts only the entries that differ); ``rejects(call, kinds, ...,
-state=...)`` wants one of ``kinds`` raised and ``state()``, a snapshot of everything the call
-could touch, unchanged right after; ``expect(condition, ...)`` covers the rest. Each case has
-its own hint and a failure may carry a more precise one, so a hint speaks to what went wrong.
-An untouched exercise (``raise NotImplementedError``) reads as "not started"; any other exception
-is one line plus the learner's line where it happened; a case that runs too long is stopped
-(where SIGALRM exists) instead of hanging.
+A hidden case (``grader/ex_*.py``) is a function of the learner's module. It checks with
+``agree`` (the one way to compare a learner's function with a reference on many inputs),
+``equal``, ``rejects`` (the call must raise and change nothing) and ``expect``; each failure is a
+``CaseFailure`` with the inputs, the expected and the actual value, and may carry a hint more
+precise than its case's, so a hint speaks to what went wrong. An untouched exercise (``raise
+NotImplementedError``) reads as "not started"; any other exception is one line plus the
+learner's line where it happened; a case that runs too long is stopped (where SIGALRM exists)
+instead of hanging.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import inspect
 import itertools
-import re
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -46,27 +45,38 @@ def expect(condition: bool, message: str, *, inputs: Any = None, expected: Any =
         raise CaseFailure(message, inputs=inputs, expected=expected, got=got, hint=hint)
 
 
-def _first_difference(got: np.ndarray, want: np.ndarray) -> tuple[int, ...] | None:
-    """Index of the first element that differs (NaN equals NaN here), or None."""
-    same = np.asarray(got == want)
-    if got.dtype.kind == want.dtype.kind == "f":
-        same |= np.isnan(got) & np.isnan(want)
-    bad = np.argwhere(~same)
-    return tuple(int(i) for i in bad[0]) if bad.size else None
+def _first_difference(got: np.ndarray, want: np.ndarray, tol: float) -> tuple[int, ...] | None:
+    """Index of the first element that differs (NaN equals NaN here), or None. With tol > 0,
+    "differs" means |got - want| > tol * (1 + |want|), computed in float64."""
+    if tol:
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        same = np.abs(g - w) <= tol * (1 + np.abs(w))
+    else:
+        same = np.asarray(got == want)
+        if got.dtype.kind == want.dtype.kind == "f":
+            same |= np.isnan(got) & np.isnan(want)
+    bad = np.argwhere(np.atleast_1d(~same))
+    return tuple(int(i) for i in bad[0][:got.ndim]) if bad.size else None  # () for a number
 
 
-def equal(got: Any, want: Any, message: str, inputs: Any = None, *, hint: str = "") -> None:
-    """``got`` must equal ``want``; a failure shows exactly the values that differ."""
-    if isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
+def equal(got: Any, want: Any, message: str, inputs: Any = None, *, tol: float = 0.0,
+          hint: str = "") -> None:
+    """``got`` must equal ``want`` (numbers and arrays within ``tol``, see _first_difference,
+    when tol > 0); a failure shows exactly the values that differ."""
+    if tol or isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
         g, w = np.asarray(got), np.asarray(want)
         expect(g.shape == w.shape, f"{message}: wrong shape", inputs=inputs, expected=w.shape,
                got=g.shape, hint=hint)
-        idx = _first_difference(g, w)
+        idx = _first_difference(g, w, tol)
         if idx is not None:
-            small = w.size <= 32
-            raise CaseFailure(f"{message} (first difference at index {list(idx)})",
-                              inputs=inputs, expected=w if small else w[idx],
-                              got=g if small else g[idx], hint=hint)
+            where = ([f"first difference at index {list(idx)}"] if idx else []) + (
+                [f"beyond the tolerance {tol:g}"] if tol else [])
+            # small arrays in full; of a big one (or a number) only the element that differs
+            whole = 0 < w.ndim and w.size <= 32
+            raise CaseFailure(message + (f" ({', '.join(where)})" if where else ""),
+                              inputs=inputs, hint=hint,
+                              expected=w if whole else np.asarray(w[idx]).item(),
+                              got=g if whole else np.asarray(g[idx]).item())
     elif isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
         diff = [k for k in want if got[k] != want[k]]
         if diff:
@@ -84,6 +94,28 @@ def equal(got: Any, want: Any, message: str, inputs: Any = None, *, hint: str = 
         expect(got == want, message, inputs=inputs, expected=want, got=got, hint=hint)
 
 
+def _parameter_names(fn: Callable, n: int) -> list[str]:
+    """The names of ``fn``'s first ``n`` parameters (the exercise's, in a learner's function),
+    or "argument 0", ... where the signature does not say (``*args``, a builtin)."""
+    try:
+        names = list(inspect.signature(fn).parameters)[:n]
+    except (TypeError, ValueError):
+        names = []
+    return names if len(names) == n else [f"argument {i}" for i in range(n)]
+
+
+def agree(fn: Callable, oracle: Callable, cases: Iterable[tuple], message: str, *,
+          convert: Callable[[Any], Any] = lambda x: x, tol: float = 0.0, hint: str = "") -> None:
+    """The one way to compare a learner's function with a reference: for each tuple of
+    arguments in ``cases``, ``convert(fn(*args))`` must ``equal`` ``oracle(*args)``. The
+    learner gets a copy of the arguments, so the first mismatch shows, by parameter name, the
+    inputs it was given."""
+    for args in cases:
+        got = convert(fn(*copy.deepcopy(args)))
+        inputs = dict(zip(_parameter_names(fn, len(args)), args))
+        equal(got, oracle(*args), message, inputs, tol=tol, hint=hint)
+
+
 def rejects(call: Callable[[], Any], kinds: type | tuple[type, ...], message: str,
             inputs: Any = None, *, state: Callable[[], Any] | None = None,
             hint: str = "") -> None:
@@ -98,17 +130,16 @@ def rejects(call: Callable[[], Any], kinds: type | tuple[type, ...], message: st
     except NotImplementedError:
         raise
     except kinds:
-        pass
+        if state is not None:
+            equal(state(), before, f"the rejected call changed the state ({message})", inputs,
+                  hint="check every argument before changing anything: a call that raises "
+                       "must leave every structure as it was")
+        return
     except Exception as e:  # noqa: BLE001 - a wrong exception type is a failure to report
         raise CaseFailure(message, inputs=inputs, expected=names,
                           got=f"{type(e).__name__}: {e}", hint=hint) from None
-    else:
-        raise CaseFailure(message, inputs=inputs, expected=names,
-                          got=f"no exception; returned {value!r}", hint=hint)
-    if state is not None:
-        equal(state(), before, f"the rejected call changed the state ({message})", inputs,
-              hint="check every argument before changing anything: a call that raises must "
-                   "leave every structure as it was")
+    raise CaseFailure(message, inputs=inputs, expected=names,
+                      got=f"no exception; returned {value!r}", hint=hint)
 
 
 @dataclass
@@ -166,16 +197,6 @@ class GradeResult:
 
 
 _counter = itertools.count()
-EXERCISE_MARK = re.compile(r'^EXERCISE\s*=\s*["\'](\d\d_[A-Za-z0-9_]+)["\']', re.MULTILINE)
-
-
-def exercise_name_in(path: Path) -> str | None:
-    """The ``EXERCISE = "NN_name"`` marker of a file (a copy under any name keeps it)."""
-    try:
-        m = EXERCISE_MARK.search(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None
-    return m.group(1) if m else None
 
 
 def load_module(path: Path) -> ModuleType:
@@ -199,31 +220,29 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def _learner_frames(exc: BaseException, path: Path) -> list[traceback.FrameSummary]:
-    target = str(path.resolve())
-    return [f for f in traceback.extract_tb(exc.__traceback__)
-            if str(Path(f.filename).resolve()) == target]
+def _learner_frame(exc: BaseException, path: Path) -> traceback.FrameSummary | None:
+    """The innermost traceback frame of ``exc`` inside the learner's file, if any."""
+    target = path.resolve()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == target]
+    return frames[-1] if frames else None
 
 
 def _learner_location(exc: BaseException, path: Path) -> str:
-    frames = _learner_frames(exc, path)
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}"
+    f = _learner_frame(exc, path)
+    return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}" if f else ""
 
 
 class CaseTimeout(Exception):
     """A case ran longer than its time limit (an endless loop in the learner's code?)."""
 
 
-def _with_timeout(fn: Callable[[], None], seconds: float) -> None:
-    """Run ``fn``; raise ``CaseTimeout`` after ``seconds`` where SIGALRM exists (Unix, main
+def _with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
+    """``fn()``, raising ``CaseTimeout`` after ``seconds`` where SIGALRM exists (Unix, main
     thread). Elsewhere the case simply runs to completion."""
     if not (hasattr(signal, "SIGALRM") and seconds > 0
             and threading.current_thread() is threading.main_thread()):
-        fn()
-        return
+        return fn()
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise CaseTimeout(f"stopped after {seconds:g} s")
@@ -231,7 +250,7 @@ def _with_timeout(fn: Callable[[], None], seconds: float) -> None:
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        fn()
+        return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -241,9 +260,9 @@ def run_case(case: Case, module: ModuleType, path: Path, timeout_s: float) -> Ca
     try:
         _with_timeout(lambda: case.run(module), timeout_s)
     except NotImplementedError as e:
-        frames = _learner_frames(e, path)
-        func = frames[-1].name if frames else "?"
-        return CaseResult(case.name, "todo", f"{func}() still raises NotImplementedError")
+        frame = _learner_frame(e, path)
+        return CaseResult(case.name, "todo",
+                          f"{frame.name if frame else '?'}() still raises NotImplementedError")
     except CaseFailure as e:
         return CaseResult(case.name, "fail", e.message, failure=e, hint=e.hint or case.hint)
     except CaseTimeout as e:
@@ -262,10 +281,8 @@ def grade(exercise: Exercise, path: Path, *, timeout_s: float = 20.0) -> GradeRe
             or not timeout_s >= 0:
         raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds >= 0")
     path = Path(path)
-    loaded: list[ModuleType] = []
     try:  # the import runs the file's top level: an endless loop there is stopped too
-        _with_timeout(lambda: loaded.append(load_module(path)), timeout_s)
-        module = loaded[0]
+        module = _with_timeout(lambda: load_module(path), timeout_s)
     except ValueError as e:
         return GradeResult(exercise, path, [], load_error=str(e))
     missing = [f for f in exercise.functions if not hasattr(module, f)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.grader.core import Exercise, equal, expect, rejects
+from minipaged.kit.grader.core import Exercise, agree, equal, expect, rejects
 from minipaged.paged.cache_ops import reshape_and_cache
 
 EX_03 = Exercise("03_block_allocator", "a block allocator with a free list and reference counts",
@@ -94,32 +94,27 @@ def _random(m):
     rng = np.random.default_rng(4)
     for _trial in range(20):
         nb = int(rng.integers(1, 20))
-        a = m.BlockAllocator(nb)
-        counts: dict[int, int] = {}
-        log: list[str] = [f"BlockAllocator({nb})"]
+        a, counts, log = m.BlockAllocator(nb), [0] * nb, [f"BlockAllocator({nb})"]
         for _ in range(150):
-            op = rng.integers(3)
-            if op == 0 and len(counts) == nb:
+            op, in_use = rng.integers(3), [b for b in range(nb) if counts[b]]
+            if op == 0 and len(in_use) == nb:
                 log.append("allocate() -> OutOfBlocksError")
                 rejects(a.allocate, RuntimeError, "allocate on a full pool must raise",
                         dict(operations=log[-12:]), state=lambda a=a, nb=nb: _state(a, nb))
             elif op == 0:
                 b = a.allocate()
                 log.append(f"allocate() -> {b}")
-                expect(isinstance(b, (int, np.integer)) and 0 <= b < nb and b not in counts,
+                expect(isinstance(b, (int, np.integer)) and 0 <= b < nb and not counts[b],
                        "allocate returned a block in use or out of range",
-                       inputs=dict(operations=log[-12:], in_use=sorted(counts)),
+                       inputs=dict(operations=log[-12:], in_use=in_use),
                        expected=f"a free block in [0, {nb})", got=b)
-                counts[int(b)] = 1
-            elif counts:
-                b = int(rng.choice(sorted(counts)))
+                counts[b] = 1
+            elif in_use:
+                b = int(rng.choice(in_use))
                 (a.incref if op == 1 else a.free)(b)
                 counts[b] += 1 if op == 1 else -1
                 log.append(f"{'incref' if op == 1 else 'free'}({b})")
-                if counts[b] == 0:
-                    del counts[b]
-            equal(_state(a, nb), {"num_free_blocks": nb - len(counts),
-                                  "ref_counts": [counts.get(b, 0) for b in range(nb)]},
+            equal(_state(a, nb), {"num_free_blocks": counts.count(0), "ref_counts": counts},
                   "the allocator disagrees with the blocks in use", dict(operations=log[-12:]))
 
 
@@ -127,17 +122,18 @@ EX_04 = Exercise("04_block_table", "block tables, slot mapping and padded tables
                  ("blocks_needed", "slot_for", "slot_mapping", "padded_block_tables"))
 
 
-def _ref_slots(table, bs, start, end):
-    return [table[p // bs] * bs + p % bs for p in range(start, end)]
+SLOT_ARGS = ("block_table", "block_size", "start", "end")
+
+
+def _ref_slot_mapping(table, bs, start, end):
+    return np.array([table[p // bs] * bs + p % bs for p in range(start, end)], dtype=np.int64)
 
 
 @EX_04.case("blocks_needed is the ceiling",
             hint="a partly filled block still takes a whole block; zero tokens take none")
 def _needed(m):
-    for n in (0, 1, 15, 16, 17, 31, 32, 33, 1000, 2048):
-        for bs in (1, 16, 32):
-            equal(m.blocks_needed(n, bs), cdiv(n, bs), "wrong number of blocks",
-                  dict(num_tokens=n, block_size=bs))
+    agree(m.blocks_needed, cdiv, [(n, bs) for n in (0, 1, 15, 16, 17, 31, 32, 33, 1000, 2048)
+                                  for bs in (1, 16, 32)], "wrong number of blocks")
     rejects(lambda: m.blocks_needed(5, 0), ValueError, "block_size=0 must be rejected",
             dict(num_tokens=5, block_size=0))
 
@@ -147,8 +143,8 @@ def _needed(m):
 def _paper(m):
     table, bs = [7, 1, 3], 4
     for p in range(12):
-        equal(m.slot_for(table, bs, p), _ref_slots(table, bs, p, p + 1)[0],
-              f"wrong slot for position {p}", dict(block_table=table, block_size=bs, position=p))
+        agree(m.slot_for, lambda t, b, p: int(_ref_slot_mapping(t, b, p, p + 1)[0]),
+              [(table, bs, p)], f"wrong slot for position {p}")
     for p in (12, -1):
         rejects(lambda p=p: m.slot_for(table, bs, p), (IndexError, ValueError),
                 f"position {p} is outside the table and must be rejected",
@@ -160,18 +156,15 @@ def _paper(m):
             hint="index the table with a whole array of logical blocks at once")
 def _mapping(m):
     rng = np.random.default_rng(5)
+    cases = []
     for _ in range(100):
-        bs = int(rng.choice([1, 2, 4, 16, 32]))
-        nblk = int(rng.integers(1, 12))
+        bs, nblk = int(rng.choice([1, 2, 4, 16, 32])), int(rng.integers(1, 12))
         table = [int(x) for x in rng.permutation(64)[:nblk]]
         start = int(rng.integers(0, nblk * bs + 1))
-        end = int(rng.integers(start, nblk * bs + 1))
-        inputs = dict(block_table=table, block_size=bs, start=start, end=end)
-        got = np.asarray(m.slot_mapping(table, bs, start, end))
-        equal(got, np.array(_ref_slots(table, bs, start, end), dtype=np.int64),
-              "wrong slot mapping", inputs)
-        equal(str(got.dtype), "int64", "slot_mapping must be int64 (slots exceed 2**31 in big "
-              "pools)", inputs)
+        cases.append((table, bs, start, int(rng.integers(start, nblk * bs + 1))))
+    agree(m.slot_mapping, _ref_slot_mapping, cases, "wrong slot mapping", convert=np.asarray)
+    equal(str(np.asarray(m.slot_mapping(*cases[0])).dtype), "int64", "slot_mapping must be "
+          "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, cases[0])))
     rejects(lambda: m.slot_mapping([0, 1], 4, 3, 9), ValueError,
             "end beyond the table must be rejected",
             dict(block_table=[0, 1], block_size=4, start=3, end=9))

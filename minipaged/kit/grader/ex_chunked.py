@@ -15,7 +15,8 @@ import copy
 
 import numpy as np
 
-from minipaged.kit.grader.core import CaseFailure, Exercise, equal, expect, rejects
+from minipaged._checks import cdiv
+from minipaged.kit.grader.core import CaseFailure, Exercise, agree, equal, expect, rejects
 from minipaged.serving.memory_policy import make_policy
 from minipaged.serving.scheduler import Scheduler, SchedulerConfig, StepResult
 
@@ -40,19 +41,17 @@ def _ref_step(decodes, prefills, budget):
 
 def _normalize(got) -> tuple[list, list]:
     """The learner's (decodes, chunks) as plain lists of ids and (id, start, end) tuples."""
-    expect(isinstance(got, (tuple, list)) and len(got) == 2,
-           "schedule_step must return a pair (scheduled_decodes, chunks)",
-           expected="(list of ids, list of (request_id, start, end))", got=got,
-           hint="return two lists: the decodes of this step, then the prefill chunks")
-    decodes, chunks = got
     try:
+        decodes, chunks = got if isinstance(got, (tuple, list)) else ()
         decodes, chunks = list(decodes), [tuple(c) for c in chunks]
-    except TypeError:
+    except (TypeError, ValueError):
         chunks = None
     if chunks is None or any(len(c) != 3 for c in chunks):
-        raise CaseFailure("chunks must be a list of (request_id, start, end) tuples",
-                          expected="[(request_id, start, end), ...]", got=got[1],
-                          hint="each chunk is a triple: the request, the first prompt position "
+        raise CaseFailure("schedule_step must return a pair (scheduled_decodes, chunks), each "
+                          "chunk a (request_id, start, end) tuple",
+                          expected="(list of ids, [(request_id, start, end), ...])", got=got,
+                          hint="return two lists: the decodes of this step, then the prefill "
+                               "chunks, each a triple: the request, the first prompt position "
                                "it computes and the position after its last")
     return decodes, chunks
 
@@ -80,13 +79,18 @@ def _hint_for(decodes, prefills, budget, got) -> str:
             "needs before a later one gets anything")
 
 
+def _same_plan(m, decodes, prefills, budget, want, message: str, inputs: dict) -> None:
+    """schedule_step's answer must be ``want``; a wrong one gets the hint of the rule it breaks."""
+    got = _normalize(m.schedule_step(decodes, prefills, budget))
+    if got != want:
+        equal(got, want, message, inputs, hint=_hint_for(decodes, prefills, budget, got))
+
+
 def _check_step(m, decodes, prefills, budget, message: str) -> None:
     before = copy.deepcopy((decodes, prefills))
     inputs = dict(decodes=before[0], prefills=before[1], token_budget=budget)
-    want = _ref_step(decodes, prefills, budget)
-    got = _normalize(m.schedule_step(decodes, prefills, budget))
-    if got != want:
-        equal(got, want, message, inputs, hint=_hint_for(*before, budget, got))
+    _same_plan(m, decodes, prefills, budget, _ref_step(decodes, prefills, budget), message,
+               inputs)
     equal((decodes, prefills), before, "schedule_step must not modify its inputs", inputs,
           hint="build new lists for the answer; the scheduler still needs its own queues")
 
@@ -143,8 +147,7 @@ def _replay(m, rng, budget: int, num_requests: int, bs: int) -> int:
                          max_seq_len=256, watermark=0.0)
     sched = Scheduler(policy, SchedulerConfig(max_model_len=256, chunked_prefill=True,
                                               max_num_batched_tokens=budget))
-    # Our own bookkeeping from add_request and the SchedulerOutputs, in arrival order.
-    order: list[str] = []
+    # Our own bookkeeping from add_request and the SchedulerOutputs (dicts keep arrival order).
     prompt_len: dict[str, int] = {}
     computed: dict[str, int] = {}
     log: list[str] = []
@@ -154,30 +157,27 @@ def _replay(m, rng, budget: int, num_requests: int, bs: int) -> int:
             rid, n = f"q{added}", int(rng.integers(1, 3 * budget + 2))
             sched.add_request(rid, [1 + (added + i) % 50 for i in range(n)],
                               int(rng.integers(1, 6)), arrival_s=float(steps))
-            order.append(rid)
             prompt_len[rid], computed[rid] = n, 0
             log.append(f"add {rid} (prompt {n})")
             added += 1
             continue
         if not sched.has_unfinished():
             continue
-        decodes = [r for r in order if computed[r] == prompt_len[r]]
-        prefills = [(r, computed[r], prompt_len[r]) for r in order if computed[r] < prompt_len[r]]
+        decodes = [r for r in prompt_len if computed[r] == prompt_len[r]]
+        prefills = [(r, computed[r], n) for r, n in prompt_len.items() if computed[r] < n]
         assert len(decodes) <= budget  # at most `budget` requests: the rules agree here
         out = sched.schedule()
         want = ([s.group.request_id for s in out.decodes],
                 [(c.seq.group.request_id, c.start, c.end) for c in out.prefills])
         inputs = dict(token_budget=budget, decodes=decodes, prefills=prefills,
                       recent_events=log[-6:])
-        got = _normalize(m.schedule_step(decodes, prefills, budget))
-        if got != want:
-            equal(got, want, f"differs from minipaged's Scheduler at step {steps}", inputs,
-                  hint=_hint_for(decodes, prefills, budget, got))
+        _same_plan(m, decodes, prefills, budget, want,
+                   f"differs from minipaged's Scheduler at step {steps}", inputs)
         for c in out.prefills:
             computed[c.seq.group.request_id] = c.end
         finished = sched.update(out, StepResult(0.0, [7] * len(out.sampled)), float(steps))
         for g in finished:
-            order.remove(g.request_id)
+            del prompt_len[g.request_id], computed[g.request_id]
         log.append(f"step {steps}: decodes {want[0]}, chunks {want[1]}")
         steps += 1
     return steps
@@ -227,20 +227,17 @@ def _errors(m):
                                                        token_budget=budget), state=snapshot)
 
 
-def _ref_prefill_steps(prompt_len: int, num_decodes: int, budget: int) -> int:
-    return -(-prompt_len // (budget - num_decodes))
-
-
 @EX_14.case("prefill_steps: steps to a first token beside running decodes",
             hint="each step the prompt gets token_budget - num_decodes tokens; round up")
 def _steps(m):
     rng = np.random.default_rng(1416)
+    cases = []
     for _ in range(200):
         budget = int(rng.choice([1, 2, 8, 64, 512, 2048]))
         nd = int(rng.integers(0, budget))
-        n = int(rng.integers(1, 5000))
-        equal(m.prefill_steps(n, nd, budget), _ref_prefill_steps(n, nd, budget),
-              "wrong number of steps", dict(prompt_len=n, num_decodes=nd, token_budget=budget))
+        cases.append((int(rng.integers(1, 5000)), nd, budget))
+    agree(m.prefill_steps, lambda n, nd, budget: cdiv(n, budget - nd), cases,
+          "wrong number of steps")
     for args, what in (((10, 8, 8), "num_decodes == token_budget"),
                        ((10, 9, 8), "num_decodes > token_budget"),
                        ((0, 1, 8), "prompt_len 0"), ((10, -1, 8), "num_decodes < 0"),

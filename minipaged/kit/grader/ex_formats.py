@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.grader.core import Exercise, equal, rejects
+from minipaged.kit.grader.core import Exercise, agree, equal, rejects
+from minipaged.kit.grader.ex_attention import random_block_tables
 
 EX_12 = Exercise("12_flashinfer_csr", "padded block table <-> FlashInfer's CSR page table",
                  ("block_table_to_csr", "csr_to_block_table"))
@@ -20,12 +21,7 @@ def _random_batch(rng):
     bs, s = int(rng.choice([1, 4, 16])), int(rng.integers(1, 6))
     lens = rng.integers(1, 6 * bs + 1, size=s).astype(np.int32)
     pages = cdiv(lens, bs)
-    perm = rng.permutation(int(pages.sum()) + 5).astype(np.int32)
-    tables = np.full((s, int(pages.max()) + int(rng.integers(0, 3))), -1, np.int32)
-    used = 0
-    for i, p in enumerate(pages):
-        tables[i, :p] = perm[used:used + p]
-        used += p
+    tables = random_block_tables(rng, pages, int(pages.sum()) + 5)
     ptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
     idx = np.concatenate([tables[i, :p] for i, p in enumerate(pages)]).astype(np.int32)
     return tables, lens, bs, pages, (ptr, idx, (lens - bs * (pages - 1)).astype(np.int32))
@@ -112,13 +108,13 @@ def _bytes(m):
           "32 KiB per request (64 KiB assumes 8-byte entries)",
           dict(max_context=131072, block_size=16))
     rng = np.random.default_rng(33)
+    cases = []  # (seq_len, max_context, block_size, leaf_size, entry_bytes)
     for _ in range(100):
         bs, max_ctx = int(rng.choice([8, 16, 32])), int(rng.integers(1, 200_000))
         seq, leaf = int(rng.integers(1, max_ctx + 1)), int(rng.choice([16, 64, 256]))
-        eb, mb = int(rng.choice([2, 4, 8])), cdiv(max_ctx, bs)
-        inputs = dict(seq_len=seq, max_context=max_ctx, block_size=bs, leaf_size=leaf,
-                      entry_bytes=eb)
-        equal(m.flat_table_bytes(max_ctx, bs, eb), mb * eb, "wrong flat bytes", inputs)
-        equal(m.two_level_table_bytes(seq, max_ctx, bs, leaf, eb),
-              (cdiv(mb, leaf) + cdiv(cdiv(seq, bs), leaf) * leaf) * eb,
-              "wrong two-level bytes", inputs)
+        cases.append((seq, max_ctx, bs, leaf, int(rng.choice([2, 4, 8]))))
+    agree(m.flat_table_bytes, lambda ctx, bs, eb: cdiv(ctx, bs) * eb,
+          [(c[1], c[2], c[4]) for c in cases], "wrong flat bytes")
+    agree(m.two_level_table_bytes, lambda seq, ctx, bs, leaf, eb: eb * (
+        cdiv(cdiv(ctx, bs), leaf) + cdiv(cdiv(seq, bs), leaf) * leaf), cases,
+          "wrong two-level bytes")

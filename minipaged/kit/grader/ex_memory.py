@@ -9,46 +9,47 @@ from __future__ import annotations
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.grader.core import Exercise, equal, rejects
+from minipaged.kit.grader.core import Exercise, agree, rejects
 
 EX_01 = Exercise("01_kv_bytes", "bytes of KV per token and token slots per GPU",
                  ("kv_bytes_per_token", "num_token_slots", "num_blocks"))
 
-# (name, layers, kv_heads, head_size, bytes): the models the lessons use.
-MODELS = [("OPT-13B fp16 (the paper)", 40, 40, 128, 2),
-          ("Llama-3-8B fp16 (GQA, 8 KV heads)", 32, 8, 128, 2),
-          ("Llama-2-70B fp16 (GQA)", 80, 8, 128, 2),
-          ("a tiny model in fp32", 2, 1, 16, 4)]
+# The models the lessons use: (layers, KV heads, head size, bytes per element).
+MODELS = {"OPT-13B fp16 (the paper)": (40, 40, 128, 2),
+          "Llama-3-8B fp16 (GQA, 8 KV heads)": (32, 8, 128, 2),
+          "Llama-2-70B fp16 (GQA)": (80, 8, 128, 2),
+          "a tiny model in fp32": (2, 1, 16, 4)}
+
+
+def _ref_bytes(layers, kv_heads, head_size, elem_bytes):
+    return 2 * layers * kv_heads * head_size * elem_bytes
 
 
 @EX_01.case("bytes per token of real models",
             hint="every layer keeps a K and a V vector per KV head: count all four factors "
                  "and the 2")
 def _kv_models(m):
-    for name, L, hkv, d, b in MODELS:
-        equal(m.kv_bytes_per_token(L, hkv, d, b), 2 * L * hkv * d * b,
-              f"wrong bytes per token for {name}",
-              dict(num_layers=L, num_kv_heads=hkv, head_size=d, bytes_per_element=b))
+    for name, args in MODELS.items():
+        agree(m.kv_bytes_per_token, _ref_bytes, [args], f"wrong bytes per token for {name}")
 
 
 @EX_01.case("OPT-13B on 12 GiB: the paper's ~15.7K slots",
             hint="a slot holds one whole token, so only whole tokens count: integer division")
 def _opt_slots(m):
-    per, kv = 2 * 40 * 40 * 128 * 2, 12 * 1024**3
-    equal(m.num_token_slots(kv, per), kv // per, "wrong number of token slots",
-          dict(kv_cache_bytes=kv, bytes_per_token=per))
+    per_token = _ref_bytes(*MODELS["OPT-13B fp16 (the paper)"])
+    agree(m.num_token_slots, lambda kv, per: kv // per, [(12 * 1024**3, per_token)],
+          "wrong number of token slots")
 
 
 @EX_01.case("slots and blocks on random budgets (integer exact)",
             hint="a block is block_size slots; a partial block cannot be used")
 def _random_slots(m):
     rng = np.random.default_rng(1)
-    for _ in range(200):
-        per, kv = int(rng.integers(1, 2_000_000)), int(rng.integers(0, 2**46))
-        bs = int(rng.choice([1, 8, 16, 32, 256]))
-        inputs = dict(kv_cache_bytes=kv, bytes_per_token=per, block_size=bs)
-        equal(m.num_token_slots(kv, per), kv // per, "wrong num_token_slots", inputs)
-        equal(m.num_blocks(kv, per, bs), kv // (per * bs), "wrong num_blocks", inputs)
+    budgets = [(int(rng.integers(0, 2**46)), int(rng.integers(1, 2_000_000)),
+                int(rng.choice([1, 8, 16, 32, 256]))) for _ in range(200)]
+    agree(m.num_token_slots, lambda kv, per: kv // per, [b[:2] for b in budgets],
+          "wrong num_token_slots")
+    agree(m.num_blocks, lambda kv, per, bs: kv // (per * bs), budgets, "wrong num_blocks")
 
 
 @EX_01.case("bad arguments raise ValueError",
@@ -66,7 +67,7 @@ EX_02 = Exercise("02_contiguous_waste",
                  ("reservation_size", "contiguous_breakdown", "paged_breakdown"))
 
 
-def _ref_size(policy: str, prompt_len: int, final_len: int, max_seq_len: int) -> int:
+def _ref_size(policy, prompt_len, final_len, max_seq_len):
     # pow2: the prompt plus the output rounded up to a power of two (paper section 6.1)
     out = final_len - prompt_len
     return {"max": max_seq_len, "oracle": final_len,
@@ -74,27 +75,35 @@ def _ref_size(policy: str, prompt_len: int, final_len: int, max_seq_len: int) ->
                         max_seq_len)}[policy]
 
 
+def _ref_contiguous(policy, prompt, current, final_len, max_seq_len):
+    size = _ref_size(policy, prompt, final_len, max_seq_len)
+    return {"token": current, "reserved": final_len - current,
+            "internal_fragmentation": size - final_len}
+
+
+def _ref_paged(current_len, final_len, block_size):
+    held = cdiv(current_len, block_size) * block_size
+    return {"token": current_len, "reserved": min(held, final_len) - current_len,
+            "internal_fragmentation": held - min(held, final_len)}
+
+
 @EX_02.case("reservation sizes for the three policies",
             hint="pow2 rounds only the output (final_len - prompt_len) up to a power of two, "
                  "adds the prompt, and never goes beyond max_seq_len")
 def _sizes(m):
     for policy in ("max", "pow2", "oracle"):
-        for prompt_len, final_len in ((1, 1), (1, 2), (2, 3), (9, 17), (32, 64), (1, 65),
-                                      (100, 125), (12, 500), (500, 1024), (1, 1025),
-                                      (1000, 2047), (2048, 2048)):
-            equal(m.reservation_size(policy, prompt_len, final_len, 2048),
-                  _ref_size(policy, prompt_len, final_len, 2048),
-                  f"wrong reservation for policy {policy!r}",
-                  dict(policy=policy, prompt_len=prompt_len, final_len=final_len,
-                       max_seq_len=2048))
-    equal(m.reservation_size("pow2", 100, 125, 2048), 132,
-          "the paper's example: an output of 25 reserves 32, plus the prompt of 100",
-          dict(policy="pow2", prompt_len=100, final_len=125, max_seq_len=2048))
-    equal(m.reservation_size("pow2", 500, 1500, 1800), 1524,
-          "pow2 rounds the output (1000 -> 1024), not the final length (1500 -> 2048)",
-          dict(policy="pow2", prompt_len=500, final_len=1500, max_seq_len=1800))
-    equal(m.reservation_size("pow2", 100, 1500, 1500), 1500, "pow2 must be capped at "
-          "max_seq_len", dict(policy="pow2", prompt_len=100, final_len=1500, max_seq_len=1500))
+        agree(m.reservation_size, _ref_size, [(policy, p, f, 2048) for p, f in (
+            (1, 1), (1, 2), (2, 3), (9, 17), (32, 64), (1, 65), (100, 125), (12, 500),
+            (500, 1024), (1, 1025), (1000, 2047), (2048, 2048))],
+              f"wrong reservation for policy {policy!r}")
+    # Three slips, each with its own message: 100 + 32 = 132; 500 + 1024 = 1524; capped at 1500.
+    for args, why in (
+            (("pow2", 100, 125, 2048),
+             "the paper's example: an output of 25 reserves 32, plus the prompt of 100"),
+            (("pow2", 500, 1500, 1800),
+             "pow2 rounds the output (1000 -> 1024), not the final length (1500 -> 2048)"),
+            (("pow2", 100, 1500, 1500), "pow2 must be capped at max_seq_len")):
+        agree(m.reservation_size, _ref_size, [args], why)
 
 
 @EX_02.case("contiguous breakdown adds up, on random requests",
@@ -102,18 +111,15 @@ def _sizes(m):
                  "length, final length and the reservation")
 def _contig(m):
     rng = np.random.default_rng(2)
+    cases = []
     for _ in range(300):
         final_len = int(rng.integers(1, 2049))
         prompt = int(rng.integers(1, final_len + 1))
         current = int(rng.integers(prompt, final_len + 1))
-        policy = str(rng.choice(["max", "pow2", "oracle"]))
-        want = {"token": current, "reserved": final_len - current,
-                "internal_fragmentation": _ref_size(policy, prompt, final_len, 2048)
-                - final_len}
-        equal(dict(m.contiguous_breakdown(policy, prompt, current, final_len, 2048)), want,
-              "wrong contiguous breakdown",
-              dict(policy=policy, prompt_len=prompt, current_len=current,
-                   final_len=final_len, max_seq_len=2048))
+        cases.append((str(rng.choice(["max", "pow2", "oracle"])), prompt, current, final_len,
+                      2048))
+    agree(m.contiguous_breakdown, _ref_contiguous, cases, "wrong contiguous breakdown",
+          convert=dict)
 
 
 @EX_02.case("paged breakdown: waste below one block",
@@ -121,15 +127,12 @@ def _contig(m):
                  "unfilled slots, those up to final_len are reserved")
 def _paged(m):
     rng = np.random.default_rng(3)
+    cases = []
     for _ in range(300):
         final_len = int(rng.integers(1, 3000))
-        current = int(rng.integers(1, final_len + 1))
-        bs = int(rng.choice([1, 2, 8, 16, 32, 128]))
-        held = cdiv(current, bs) * bs
-        want = {"token": current, "reserved": min(held, final_len) - current,
-                "internal_fragmentation": held - min(held, final_len)}
-        equal(dict(m.paged_breakdown(current, final_len, bs)), want, "wrong paged breakdown",
-              dict(current_len=current, final_len=final_len, block_size=bs))
+        cases.append((int(rng.integers(1, final_len + 1)), final_len,
+                      int(rng.choice([1, 2, 8, 16, 32, 128]))))
+    agree(m.paged_breakdown, _ref_paged, cases, "wrong paged breakdown", convert=dict)
 
 
 @EX_02.case("bad arguments raise ValueError",

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.grader.core import Exercise, equal, expect, rejects
+from minipaged.kit.grader.core import Exercise, agree, equal, expect, rejects
 
 EX_10 = Exercise("10_prefix_cache", "prefix caching: chained block hashes and an LRU free queue",
                  ("block_hashes", "PrefixCache"))
@@ -24,12 +24,10 @@ class _RefPrefixCache:
     """The rules of exercise 10, written out again for replay (hash function injectable)."""
 
     def __init__(self, nb: int, bs: int, hash_fn) -> None:
-        self.bs, self.hash_fn = bs, hash_fn
-        self.ref = [0] * nb
-        self.queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(nb))
-        self.h2b: dict[int, int] = {}
-        self.bh: dict[int, int] = {}
-        self.bt: dict[int, tuple] = {}
+        self.bs, self.hash_fn, self.ref = bs, hash_fn, [0] * nb
+        self.queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(nb))  # LRU 1st
+        self.h2b: dict[int, int] = {}                     # hash -> cached block
+        self.cached: dict[int, tuple[int, tuple]] = {}    # cached block -> (hash, token ids)
 
     def hashes(self, toks):
         out, parent = [], -1
@@ -40,10 +38,11 @@ class _RefPrefixCache:
 
     def allocate(self, toks):
         bs, n, hs = self.bs, len(toks), self.hashes(toks)
+        block = lambda i: tuple(toks[i * bs:(i + 1) * bs])  # noqa: E731 - tokens of block i
         hits = []
         for i, h in enumerate(hs):
             b = self.h2b.get(h)
-            if (i + 1) * bs > n - 1 or b is None or self.bt[b] != tuple(toks[i * bs:(i + 1) * bs]):
+            if (i + 1) * bs > n - 1 or b is None or self.cached[b][1] != block(i):
                 break
             hits.append(b)
         fresh = cdiv(n, bs) - len(hits)
@@ -56,13 +55,12 @@ class _RefPrefixCache:
         table = list(hits)
         for i in range(len(hits), len(hits) + fresh):
             b, _ = self.queue.popitem(last=False)
-            if (old := self.bh.pop(b, None)) is not None:
-                del self.h2b[old], self.bt[b]
+            if b in self.cached:                           # evicted: its contents are gone
+                del self.h2b[self.cached.pop(b)[0]]
             self.ref[b] = 1
             table.append(b)
             if i < len(hs) and hs[i] not in self.h2b:
-                self.h2b[hs[i]], self.bh[b] = b, hs[i]
-                self.bt[b] = tuple(toks[i * bs:(i + 1) * bs])
+                self.h2b[hs[i]], self.cached[b] = b, (hs[i], block(i))
         return table, len(hits) * bs
 
     def free(self, table):
@@ -114,11 +112,12 @@ def _replay(m, rng, nb: int, bs: int, prompts: list[list[int]], steps: int, hash
                  "block gets none")
 def _hashes(m):
     rng = np.random.default_rng(22)
+    cases = []
     for _ in range(30):
         bs = int(rng.choice([1, 2, 4, 16]))
-        toks = [int(t) for t in rng.integers(0, 50, size=int(rng.integers(0, 70)))]
-        equal(list(m.block_hashes(toks, bs)), _RefPrefixCache(1, bs, m.hash_block).hashes(toks),
-              "wrong block hashes", dict(token_ids=toks, block_size=bs))
+        cases.append(([int(t) for t in rng.integers(0, 50, size=int(rng.integers(0, 70)))], bs))
+    agree(m.block_hashes, lambda toks, bs: _RefPrefixCache(1, bs, m.hash_block).hashes(toks),
+          cases, "wrong block hashes", convert=list)
     a, b = m.block_hashes([1, 2, 3, 4], 2), m.block_hashes([9, 9, 3, 4], 2)
     expect(a[1] != b[1], "equal blocks after different prefixes must hash differently",
            inputs="[1, 2, 3, 4] vs [9, 9, 3, 4], BS=2", expected="two different hashes",
@@ -168,28 +167,33 @@ EX_11 = Exercise("11_preemption", "preemption: whom to preempt, swap or recomput
                  ("blocks_for_step", "choose_victims", "swap_or_recompute"))
 
 
-def _ref_need(lens, bs):
-    return sum(1 for n in lens if n % bs == 0)
+def _ref_need(seq_lens, block_size):
+    return sum(1 for n in seq_lens if n % block_size == 0)
 
 
-def _ref_victims(groups, free, bs):
+def _ref_victims(groups, num_free_blocks, block_size):
     kept = sorted(groups, key=lambda g: g["arrival"])  # stable: ties keep their order
-    need = sum(_ref_need(g["seq_lens"], bs) for g in kept)
-    out = []
+    need, free, out = sum(_ref_need(g["seq_lens"], block_size) for g in kept), num_free_blocks, []
     while kept and need > free:
         g = kept.pop()
         out.append(g["id"])
         free += g["num_blocks"]
-        need -= _ref_need(g["seq_lens"], bs)
+        need -= _ref_need(g["seq_lens"], block_size)
     return out
+
+
+def _ref_choice(num_blocks, block_bytes, num_tokens, pcie_bytes_per_s, prefill_tokens_per_s):
+    # the blocks go out and come back over PCIe, or the tokens are prefilled again
+    swap_s, recompute_s = 2 * num_blocks * block_bytes / pcie_bytes_per_s, (
+        num_tokens / prefill_tokens_per_s)
+    return "swap" if swap_s < recompute_s else "recompute"
 
 
 @EX_11.case("blocks_for_step counts sequences at a block boundary",
             hint="a sequence needs a fresh block only when its last block is exactly full")
 def _need(m):
-    for lens, bs, want in (([16, 17, 32, 1], 16, 2), ([5, 6, 7], 1, 3), ([3], 4, 0)):
-        equal(m.blocks_for_step(lens, bs), want, "wrong number of fresh blocks",
-              dict(seq_lens=lens, block_size=bs))
+    agree(m.blocks_for_step, _ref_need, [([16, 17, 32, 1], 16), ([5, 6, 7], 1), ([3], 4)],
+          "wrong number of fresh blocks")
 
 
 @EX_11.case("choose_victims: latest arrival first, all or nothing, random batches",
@@ -197,16 +201,15 @@ def _need(m):
                  "soon as the rest fits")
 def _victims(m):
     rng = np.random.default_rng(25)
+    cases = []
     for _ in range(200):
         bs, groups = int(rng.choice([1, 2, 4, 16])), []
         for i in range(int(rng.integers(1, 7))):
             lens = [int(x) for x in rng.integers(1, 5 * bs, size=int(rng.integers(1, 4)))]
             groups.append({"id": f"req{i}", "arrival": float(rng.integers(0, 5)),
                            "seq_lens": lens, "num_blocks": sum(cdiv(n, bs) for n in lens)})
-        free = int(rng.integers(0, 4))
-        equal(list(m.choose_victims([dict(g) for g in groups], free, bs)),
-              _ref_victims(groups, free, bs), "wrong victims",
-              dict(groups=groups, num_free_blocks=free, block_size=bs))
+        cases.append((groups, int(rng.integers(0, 4)), bs))
+    agree(m.choose_victims, _ref_victims, cases, "wrong victims", convert=list)
 
 
 @EX_11.case("swap or recompute by the stated cost model",
@@ -214,14 +217,9 @@ def _victims(m):
                  "prefill the tokens again")
 def _swap(m):
     rng = np.random.default_rng(26)
-    names = ("num_blocks", "block_bytes", "num_tokens", "pcie_bytes_per_s",
-             "prefill_tokens_per_s")
-    for _ in range(200):
-        args = (int(rng.integers(1, 200)), int(rng.choice([2**16, 2**19, 2**21])),
-                int(rng.integers(1, 4000)), float(rng.choice([8e9, 16e9, 32e9])),
-                float(rng.choice([1e3, 1e4, 5e4])))
-        swap_s, recompute_s = 2 * args[0] * args[1] / args[3], args[2] / args[4]
-        equal(m.swap_or_recompute(*args), "swap" if swap_s < recompute_s else "recompute",
-              "wrong choice", dict(zip(names, args)))
+    agree(m.swap_or_recompute, _ref_choice, [
+        (int(rng.integers(1, 200)), int(rng.choice([2**16, 2**19, 2**21])),
+         int(rng.integers(1, 4000)), float(rng.choice([8e9, 16e9, 32e9])),
+         float(rng.choice([1e3, 1e4, 5e4]))) for _ in range(200)], "wrong choice")
     rejects(lambda: m.swap_or_recompute(1, 1, 1, 0.0, 1.0), ValueError,
             "a PCIe rate of 0 must be rejected", dict(pcie_bytes_per_s=0.0))

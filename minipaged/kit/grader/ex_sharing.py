@@ -8,6 +8,9 @@ live sequence back through its block table.
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 import numpy as np
 
 from minipaged._checks import cdiv
@@ -23,19 +26,22 @@ def _cow_state(mgr, nb: int, seqs):
             "num_free_blocks": mgr.num_free_blocks}
 
 
+def _counts(tables) -> dict[int, int]:
+    """How many table entries point at each block: what its reference count must be."""
+    return dict(Counter(b for t in tables for b in t))
+
+
 def _check_cow(mgr, nb: int, bs: int, pool: np.ndarray, model: dict[int, list[int]],
                log: list[str]) -> None:
     inputs = dict(num_blocks=nb, block_size=bs, operations=log[-10:])
-    counts: dict[int, int] = {}
+    tables = {seq: mgr.block_table(seq) for seq in model}
     for seq, tokens in model.items():
-        table = mgr.block_table(seq)
+        table, pos = tables[seq], np.arange(len(tokens))
         equal(len(table), cdiv(len(tokens), bs), f"sequence {seq} holds {len(tokens)} tokens: "
               f"its table length is wrong", inputs)
-        for b in table:
-            counts[b] = counts.get(b, 0) + 1
-        pos = np.arange(len(tokens))
         equal(pool[np.asarray(table, dtype=np.int64)[pos // bs], pos % bs].tolist(), tokens,
               f"sequence {seq} reads back wrong tokens through its block table {table}", inputs)
+    counts = _counts(tables.values())
     equal([mgr.ref_count(b) for b in range(nb)], [counts.get(b, 0) for b in range(nb)],
           "ref_count(b) must equal the number of table entries pointing at b", inputs)
     equal(mgr.num_free_blocks, nb - len(counts), "free blocks + used blocks != total", inputs)
@@ -101,32 +107,30 @@ def _cow_random(m):
     rng = np.random.default_rng(20)
     for _trial in range(25):
         nb, bs = int(rng.integers(8, 40)), int(rng.choice([1, 2, 4, 8]))
-        mgr = m.CowBlockManager(nb, bs)
-        pool = np.full((nb, bs), -1, dtype=np.int64)
-        model: dict[int, list[int]] = {}
+        mgr, pool = m.CowBlockManager(nb, bs), np.full((nb, bs), -1, dtype=np.int64)
+        model: dict[int, list[int]] = {}   # seq_id -> the token values it holds, in order
         log: list[str] = [f"CowBlockManager({nb}, {bs})"]
-        next_id, next_tok = 0, 1000
+        ids, tokens = itertools.count(), itertools.count(1000)
         for _ in range(40):
             op, live = rng.integers(4), sorted(model)
             if op == 0 or not live:
                 n = int(rng.integers(1, 3 * bs + 1))
                 if cdiv(n, bs) > mgr.num_free_blocks:
                     continue
-                mgr.allocate(next_id, n)
-                log.append(f"allocate({next_id}, {n})")
-                table = mgr.block_table(next_id)
+                seq = next(ids)
+                mgr.allocate(seq, n)
+                log.append(f"allocate({seq}, {n})")
+                table = mgr.block_table(seq)
                 equal([mgr.ref_count(b) for b in table], [1] * len(table),
                       "a fresh allocation must own its blocks", dict(operations=log[-10:]))
-                model[next_id] = list(range(next_tok, next_tok + n))
-                for p, t in enumerate(model[next_id]):
+                model[seq] = [next(tokens) for _ in range(n)]
+                for p, t in enumerate(model[seq]):
                     pool[table[p // bs], p % bs] = t
-                next_id, next_tok = next_id + 1, next_tok + n
             elif op == 1:
-                parent = int(rng.choice(live))
-                mgr.fork(parent, next_id)
-                log.append(f"fork({parent}, {next_id})")
-                model[next_id] = list(model[parent])
-                next_id += 1
+                parent, seq = int(rng.choice(live)), next(ids)
+                mgr.fork(parent, seq)
+                log.append(f"fork({parent}, {seq})")
+                model[seq] = list(model[parent])
             elif op == 2:
                 step = [int(s) for s in rng.choice(live, size=int(rng.integers(1, len(live) + 1)),
                                                    replace=False)]
@@ -135,18 +139,16 @@ def _cow_random(m):
                 slots = [mgr.append_slot(s) for s in step]
                 log.append(f"step: append_slot for {step} -> {slots}")
                 copies = mgr.take_copies()
-                for src, dst in copies:
+                for src, dst in copies:   # copies first, as the engine runs copy_blocks
                     pool[dst] = pool[src]
+                inputs = dict(operations=log[-10:], copies=copies)
                 for s, slot in zip(step, slots):
-                    inputs = dict(operations=log[-10:], copies=copies)
-                    table = mgr.block_table(s)
-                    equal(slot, table[-1] * bs + len(model[s]) % bs, f"seq {s}'s slot must be "
-                          f"position {len(model[s])} of its last block", inputs)
+                    equal(slot, mgr.block_table(s)[-1] * bs + len(model[s]) % bs, f"seq {s}'s "
+                          f"slot must be position {len(model[s])} of its last block", inputs)
                     equal(mgr.ref_count(slot // bs), 1, f"seq {s} would write into a shared "
                           f"block {slot // bs}", inputs)
-                    pool[slot // bs, slot % bs] = next_tok
-                    model[s].append(next_tok)
-                    next_tok += 1
+                    model[s].append(next(tokens))
+                    pool[slot // bs, slot % bs] = model[s][-1]
             else:
                 s = int(rng.choice(live))
                 mgr.free(s)
@@ -161,14 +163,6 @@ def _cow_random(m):
 
 EX_09 = Exercise("09_beam_search", "beam search: fork the survivors, free the dropped beams",
                  ("fork_and_free", "memory_saving"))
-
-
-def _counts(tables):
-    c: dict[int, int] = {}
-    for t in tables:
-        for b in t:
-            c[b] = c.get(b, 0) + 1
-    return c
 
 
 @EX_09.case("a dropped beam sharing a block with a survivor (the ordering pitfall)",
@@ -209,9 +203,8 @@ def _beam_random(m):
               inputs)
         equal(got_counts, want_counts, "wrong ref_counts after the step", inputs)
         total = sum(len(t) for t in want_new)
-        got, want = m.memory_saving(want_new), (total - len(want_counts)) / total
-        expect(abs(got - want) < 1e-12, "wrong memory saving", inputs=dict(tables=want_new),
-               expected=want, got=got)
+        equal(m.memory_saving(want_new), (total - len(want_counts)) / total,
+              "wrong memory saving", dict(tables=want_new), tol=1e-12)
     equal(m.memory_saving([]), 0.0, "no blocks: saving 0.0", dict(tables=[]))
     counts = {0: 1}
     rejects(lambda: m.fork_and_free([[0]], counts, [3]), (IndexError, ValueError),

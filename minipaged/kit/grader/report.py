@@ -33,13 +33,10 @@ def _show(value: object):
     if isinstance(value, dict):
         rows = []
         for k, v in value.items():
-            shown = _show(v)
-            if isinstance(shown, Text) and "\n" not in shown.plain:
-                rows.append(Text.assemble((f"{k} = ", "bold"), shown))
-            elif not isinstance(v, (np.ndarray, dict)) and len(repr(v)) < 70:
+            if not isinstance(v, (np.ndarray, dict)) and len(repr(v)) < 70:
                 rows.append(Text.assemble((f"{k} = ", "bold"), repr(v)))
             else:
-                rows.append(Group(Text(f"{k} =", style="bold"), shown))
+                rows.append(Group(Text(f"{k} =", style="bold"), _show(v)))
         return Group(*rows)
     return Pretty(value, max_length=40, max_string=400)
 
