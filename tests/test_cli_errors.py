@@ -34,7 +34,8 @@ CASES: list[tuple[str, str]] = [
     # the command itself
     ("", "the following arguments are required: COMMAND"),
     ("nope", "invalid choice: 'nope'"),
-    ("demo --bogus", "unrecognized arguments: --bogus"),
+    ("demo --bogus", "minipaged demo: unrecognized arguments: --bogus"),
+    ("bench attention --bogus 1", "minipaged bench attention: unrecognized arguments: --bogus 1"),
     # demo
     ("demo nope", "scene='nope' is not a scene"),
     ("demo --width 20", "--width=20 is too narrow"),
@@ -261,6 +262,9 @@ def test_the_table_covers_every_command():
     assert len(CASES) >= 80 and len({line for line, _ in CASES}) == len(CASES)
 
 
+COMMANDS = {line.split()[0] for line, _ in CASES if line and line != "nope"}
+
+
 @pytest.mark.parametrize("line, fragment", CASES, ids=[line or "(nothing)" for line, _ in CASES])
 def test_bad_input_is_one_clear_line(results, line, fragment):
     if line.startswith(TORCH) and line not in ("generate", "bench generate"):
@@ -272,6 +276,9 @@ def test_bad_input_is_one_clear_line(results, line, fragment):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("minipaged"), out.stderr
     assert fragment in lines[0], lines[0]
+    command = line.split()[0] if line else ""
+    if command in COMMANDS:  # the error names the command it is about
+        assert lines[0].startswith(f"minipaged {command}"), lines[0]
 
 
 def test_an_endless_loop_at_the_top_of_a_learners_file_times_out(tmp_path):

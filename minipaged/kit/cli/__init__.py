@@ -57,9 +57,11 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line; returns the exit status (0 ok, 1 a check failed, 2 bad input)."""
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:             # --help (0) or an argument error, already printed (2)
         return e.code if isinstance(e.code, int) else 2
+    if extra:  # argparse would name the top parser; the command's own prog says which one
+        return _refuse(args.prog, f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
