@@ -14,14 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged.cuda.checks import (
-    check_contiguous,
-    check_float_dtype,
-    check_int_dtype,
-    check_types,
-    host_view,
-    to_host,
-)
+from minipaged.cuda import checks
 from minipaged.paged.cache_ops import check_caches
 
 
@@ -30,12 +23,13 @@ def _check_arrays(backend: str, key_cache: Any, value_cache: Any, **others: Any
     """Every array of the backend's kind and C-contiguous; the caches pass NumPy's cache check
     (and, NumPy arrays, its writable check) in a compiled dtype. Returns (dtype, shape)."""
     arrays = {"key_cache": key_cache, "value_cache": value_cache, **others}
-    check_types(backend, **arrays)
-    check_caches(host_view(key_cache), host_view(value_cache),
+    checks.check_types(backend, **arrays)
+    check_caches(checks.host_view(key_cache), checks.host_view(value_cache),
                  writable=isinstance(key_cache, np.ndarray))
     for name, a in arrays.items():
-        check_contiguous(name, a)
-    return check_float_dtype("key_cache", key_cache), tuple(int(x) for x in key_cache.shape)
+        checks.check_contiguous(name, a)
+    dtype = checks.check_float_dtype("key_cache", key_cache)
+    return dtype, tuple(int(x) for x in key_cache.shape)
 
 
 def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *,
@@ -58,8 +52,8 @@ def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *,
                          "match the caches")
     if slot_mapping.shape[0] != t:
         raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries; expected T={t}")
-    check_int_dtype("slot_mapping", slot_mapping, ("int32", "int64"))
-    slots = to_host(slot_mapping).astype(np.int64)
+    checks.check_int_dtype("slot_mapping", slot_mapping, ("int32", "int64"))
+    slots = checks.to_host(slot_mapping).astype(np.int64)
     bad = np.flatnonzero(slots >= nb * bs)
     if bad.size:
         i = int(bad[0])
@@ -76,7 +70,7 @@ def check_copy_blocks(key_cache, value_cache, block_mapping, *, backend) -> tupl
     """Validate; return (dtype, mapping as int64 [N, 2] on the host)."""
     dt, (nb, _, _, _) = _check_arrays(backend, key_cache, value_cache)
     if hasattr(block_mapping, "shape"):  # a NumPy or CuPy array
-        m = to_host(block_mapping)
+        m = checks.to_host(block_mapping)
         if m.dtype.kind not in "iu":
             raise TypeError(f"block_mapping.dtype is {m.dtype}; expected an integer array [N, 2]")
     else:

@@ -26,16 +26,8 @@ import numpy as np
 
 from minipaged._checks import cdiv, check_block_tables, check_choice, check_int, check_query
 from minipaged.attention import check_scale
-from minipaged.cuda.kernels import (
-    BLOCK_SIZES,
-    DTYPES,
-    GQA_GROUP,
-    GROUPS,
-    HEAD_SIZES,
-    NUM_THREADS,
-    PARTITION_SIZE,
-    VERSIONS,
-)
+from minipaged.cuda import kernels
+from minipaged.cuda.kernels import GROUPS, NUM_THREADS, PARTITION_SIZE
 from minipaged.paged.cache_ops import check_caches
 
 BACKENDS = ("cpu", "cupy")
@@ -87,8 +79,9 @@ def to_host(a: Any) -> np.ndarray:
 
 def check_float_dtype(name: str, a: Any) -> str:
     dt = np.dtype(a.dtype).name
-    if dt not in DTYPES:
-        raise TypeError(f"{name}.dtype is {dt}; the kernels are built for {tuple(DTYPES)}")
+    if dt not in kernels.DTYPES:
+        raise TypeError(f"{name}.dtype is {dt}; the kernels are built for "
+                        f"{tuple(kernels.DTYPES)}")
     return dt
 
 
@@ -150,7 +143,7 @@ def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: in
     group = num_heads // num_kv_heads
     grouped = group > 1
     single, partitioned = (3, 4) if grouped else (1, 2)
-    blocks = num_seqs * (num_kv_heads * cdiv(group, GQA_GROUP) if grouped else num_heads)
+    blocks = num_seqs * (num_kv_heads * cdiv(group, kernels.GQA_GROUP) if grouped else num_heads)
     use_single = max_len <= SINGLE_PASS_MAX_LEN and (
         cdiv(max_len, PARTITION_SIZE) == 1 or blocks > SINGLE_PASS_MIN_BLOCKS)
     if use_single and (static_smem(single, head_size)
@@ -201,10 +194,11 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           version, backend) -> AttentionLaunch:
     """Validate everything the kernel will trust; choose the version; return the geometry.
 
-    ``version``: None chooses (choose_version), or an int in VERSIONS forces one. Raises
+    ``version``: None chooses (choose_version), or an int in kernels.VERSIONS forces one. Raises
     ValueError / TypeError naming the argument, its value and what was expected."""
     if version is not None:
-        version = check_choice("version", check_int("version", version), [*VERSIONS, None])
+        version = check_choice("version", check_int("version", version),
+                               [*kernels.VERSIONS, None])
     check_types(backend, key_cache=key_cache, value_cache=value_cache, query=query,
                 block_tables=block_tables, seq_lens=seq_lens)
     # the NumPy paged attention's checks, in its order and with its messages
@@ -218,11 +212,12 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
     nb, hkv, bs, d = kc.shape
     if min(nb, hkv, bs, d) < 1:
         raise ValueError(f"key_cache.shape={kc.shape} has an empty dimension")
-    if d not in HEAD_SIZES:
-        raise ValueError(f"head size D={d} has no compiled kernel; built for {HEAD_SIZES}")
-    if bs not in BLOCK_SIZES:
+    if d not in kernels.HEAD_SIZES:
+        raise ValueError(f"head size D={d} has no compiled kernel; built for "
+                         f"{kernels.HEAD_SIZES}")
+    if bs not in kernels.BLOCK_SIZES:
         raise ValueError(f"block size BS={bs} (key_cache.shape[2]) has no compiled kernel; "
-                         f"built for {BLOCK_SIZES}")
+                         f"built for {kernels.BLOCK_SIZES}")
     _check_aligned("key_cache", key_cache)
     _check_aligned("value_cache", value_cache)
     check_query(q, kc, None, "S")

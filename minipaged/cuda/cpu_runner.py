@@ -1,12 +1,11 @@
 """Runner 2: the .cu kernels on the CPU harness (backend="cpu"), called through ctypes.
 
-What it teaches: a launch is a function call with pointers and sizes. g++ compiled the same
+What it teaches: on the harness a launch is a C call with pointers and sizes. g++ compiled the
 kernel text against emu/cuda_emu.h (emu/cpu_build.py), with one exported C function per
-(dtype, D, BS) that launches any version on the emulator (emu/wrappers.py). The arguments go in
-as plain integers (``ndarray.ctypes.data`` for a pointer), the grid and shared memory as
-checks.AttentionLaunch computed them; a nonzero return code becomes a KernelError carrying the
-harness's diagnosis (deadlock, divergent shuffle, out-of-range launch). All checks already
-happened in checks.py, before we get here. The interface is cupy_runner.py's.
+(dtype, D, BS) that launches any version (emu/wrappers.py). Pointers go in as integers
+(``ndarray.ctypes.data``), the grid and shared memory as checks.AttentionLaunch computed them; a
+nonzero return code becomes a KernelError with the harness's diagnosis (deadlock, divergent
+shuffle, a launch beyond CUDA's limits). The checks already ran; the interface is cupy_runner's.
 Read next: cupy_runner.py.
 """
 
