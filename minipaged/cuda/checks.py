@@ -197,8 +197,7 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
     ``version``: None chooses (choose_version), or an int in kernels.VERSIONS forces one. Raises
     ValueError / TypeError naming the argument, its value and what was expected."""
     if version is not None:
-        version = check_choice("version", check_int("version", version),
-                               [*kernels.VERSIONS, None])
+        version = check_choice("version", check_int("version", version), kernels.VERSIONS)
     check_types(backend, key_cache=key_cache, value_cache=value_cache, query=query,
                 block_tables=block_tables, seq_lens=seq_lens)
     # the NumPy paged attention's checks, in its order and with its messages
@@ -209,6 +208,7 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
         if not c.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (the one cache layout "
                              "[NB, Hkv, BS, D]); got a strided view")
+        _check_aligned(name, c)
     nb, hkv, bs, d = kc.shape
     if min(nb, hkv, bs, d) < 1:
         raise ValueError(f"key_cache.shape={kc.shape} has an empty dimension")
@@ -218,8 +218,6 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
     if bs not in kernels.BLOCK_SIZES:
         raise ValueError(f"block size BS={bs} (key_cache.shape[2]) has no compiled kernel; "
                          f"built for {kernels.BLOCK_SIZES}")
-    _check_aligned("key_cache", key_cache)
-    _check_aligned("value_cache", value_cache)
     check_query(q, kc, None, "S")
     check_contiguous("query", query)
     s, h, _ = q.shape
