@@ -5,10 +5,9 @@ not check scalar types; the kernel reads wherever a block table points and assum
 is C-contiguous and 16-byte aligned. So every check happens here, before the launch: dtypes,
 shapes, contiguity, alignment, and every block-table entry a kernel will follow (entries past
 a sequence's length are never read, so they may hold anything). What the NumPy paged attention
-checks is checked by its own functions (on a device array's shape and dtype), so one mistake
-gets one message whichever implementation runs (tests/test_cuda_cpu.py compares them); what
-only a kernel needs (compiled sizes, int32 tables, alignment, shared memory, grid limits) comes
-after.
+checks, its own functions check (on a device array's shape and dtype): one mistake, one message,
+whichever implementation runs. What only a kernel needs (compiled sizes, int32 tables,
+alignment, shared memory, grid limits) comes after.
 
 Then the launch geometry, once for both runners: which version (choose_version, vLLM's rule),
 the grid, the shared memory, and the chunks of at most 65,535 sequences that CUDA's gridDim.y
@@ -133,13 +132,11 @@ def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
 
 def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
                    block_size: int, head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
-    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; single pass or partitioned
-    by vLLM's rule: the single pass when max_len <= 8192 and (one partition, or more than 512
-    thread blocks in the single-pass grid), else partitioned. The rule's comment gives the
-    reasons: one partition needs no reduce; many sequences or heads already give the GPU
-    enough blocks; above 8192 tokens the logits would crowd shared memory. vLLM writes the
-    block count as num_seqs * num_heads, which it is for v1; for v3 it is S * Hkv * ceil(G /
-    GQA_GROUP). Here also partitioned whenever the single pass's shared memory would not fit."""
+    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; then vLLM's rule (above),
+    whose comment gives the reasons: one partition needs no reduce, many sequences or heads
+    give the GPU enough work, above 8192 tokens the logits would crowd shared memory. vLLM counts
+    S * H blocks, as v1 has; v3 has S * Hkv * ceil(G / GQA_GROUP). Here the single pass is
+    also refused whenever its shared memory would not fit."""
     group = num_heads // num_kv_heads
     grouped = group > 1
     single, partitioned = (3, 4) if grouped else (1, 2)
