@@ -103,13 +103,13 @@ def test_the_demo_model_scene_gives_the_hint(monkeypatch):
 
 
 def test_cupy_messages_give_the_gpu_hint(monkeypatch):
-    from minipaged.cuda import launch
+    from minipaged.cuda import cupy_runner
     from minipaged.kit.bench import kernel
 
     monkeypatch.setitem(sys.modules, "cupy", None)          # "CuPy is not installed"
     assert kernel._gpu_available() == f"CuPy is not installed ({_install.GPU_HINT})"
     with pytest.raises(RuntimeError) as e:
-        launch._OnGPU()                 # what backend="cupy" launches build first
+        cupy_runner.import_cupy()       # what every backend="cupy" launch goes through
     assert f"({_install.GPU_HINT})" in str(e.value)
 
 

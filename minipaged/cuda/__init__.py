@@ -9,9 +9,9 @@ paged_attention.py, method="online") written as CUDA kernels. One .cu text, two 
 
 Files, in reading order: paged_attention.cu (versions 0 to 4), cache_kernels.cu, common.cuh,
 kernels.py (what is compiled), checks.py (what a launch trusts, which version runs),
-cache_checks.py, launch.py, cupy_runner.py, report.py (registers and spills from NVRTC),
-gpu_check.py (`minipaged gpu-check`). The CPU harness is a tool, in emu/. The lesson is
-lessons/08_gpu_kernel.py; the benchmark `minipaged bench kernel`.
+cache_checks.py, launch.py, cpu_runner.py and cupy_runner.py (the two runners), report.py
+(registers and spills from NVRTC), gpu_check.py (`minipaged gpu-check`). The CPU harness is a
+tool, in emu/. The lesson is lessons/08_gpu_kernel.py; the benchmark `minipaged bench kernel`.
 
 Not imported by ``import minipaged``: this package may build a C++ library on first use.
 """

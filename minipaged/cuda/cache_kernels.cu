@@ -1,9 +1,9 @@
 // cache_kernels.cu: writing K/V into the paged cache, and copy-on-write of whole blocks.
 //
-// Where this sits: the GPU twins of minipaged/cache_ops.py (read that first). Paper: vLLM
+// Where this sits: the GPU twins of minipaged/paged/cache_ops.py (read that first). Paper: vLLM
 // section 4.1 (KV cache manager writes new tokens' K/V to their slots) and 4.4 (copy-on-write:
-// copies are batched into one launch). Read next: paged_attention.cu, which reads what these
-// kernels wrote.
+// copies are batched into one launch). paged_attention.cu reads what these kernels wrote.
+// Read next: common.cuh, then kernels.py.
 //
 // Napkin math:
 //   reshape_and_cache, decode step of S=64 sequences, Hkv=8, D=128, fp16: reads and writes

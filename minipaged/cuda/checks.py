@@ -4,14 +4,15 @@ What it teaches: a GPU kernel trusts its arguments completely. CuPy passes raw p
 not check scalar types; the kernel reads wherever a block table points and assumes every array
 is C-contiguous and 16-byte aligned. So every check happens here, before the launch: dtypes,
 shapes, contiguity, alignment, and every block-table entry a kernel will follow (entries past
-a sequence's length are never read, so they may hold anything). The checks the NumPy paged
-attention also makes raise its very messages (tests/test_cuda_cpu.py compares them); what only
-a kernel needs (compiled sizes, int32 tables, alignment, shared memory, grid limits) comes after.
+a sequence's length are never read, so they may hold anything). What the NumPy paged attention
+checks, its own functions check (on a device array's shape and dtype): one mistake, one message,
+whichever implementation runs. What only a kernel needs (compiled sizes, int32 tables,
+alignment, shared memory, grid limits) comes after.
 
 Then the launch geometry, once for both runners: which version (choose_version, vLLM's rule),
 the grid, the shared memory, and the chunks of at most 65,535 sequences that CUDA's gridDim.y
 allows per launch (a prefill step makes one row per token, so S can exceed it).
-Read next: launch.py, which calls these and then the kernels.
+Read next: cache_checks.py (the same discipline for the kernels that write the cache).
 """
 
 from __future__ import annotations
@@ -22,19 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from minipaged._checks import cdiv, check_int
-from minipaged._checks import check_block_tables as _check_tables
+from minipaged._checks import cdiv, check_block_tables, check_choice, check_int, check_query
 from minipaged.attention import check_scale
-from minipaged.cuda.kernels import (
-    BLOCK_SIZES,
-    DTYPES,
-    GQA_GROUP,
-    GROUPS,
-    HEAD_SIZES,
-    NUM_THREADS,
-    PARTITION_SIZE,
-    VERSIONS,
-)
+from minipaged.cuda import kernels
+from minipaged.cuda.kernels import GROUPS, NUM_THREADS, PARTITION_SIZE
+from minipaged.paged.cache_ops import check_caches
 
 BACKENDS = ("cpu", "cupy")
 MAX_GRID_YZ = 65535             # gridDim.y and gridDim.z limit of every CUDA GPU since sm_30
@@ -42,7 +35,6 @@ SMEM_LIMIT_SM90 = 227 * 1024    # the most shared memory one block may opt in to
 #                                 (CUDA C++ Programming Guide, compute capabilities table);
 #                                 the CPU harness enforces it too, so what runs here launches
 #                                 on an H100/H200
-SMEM_DEFAULT = 48 * 1024        # static + dynamic shared memory a block gets without opting in
 # vLLM's rule for v1 or v2 (vllm/attention/ops/paged_attn.py, PagedAttention.forward_decode):
 # v1 when max_seq_len <= 8192 and (one partition, or num_seqs * num_heads > 512)
 SINGLE_PASS_MAX_LEN = 8192
@@ -53,67 +45,64 @@ SINGLE_PASS_MIN_BLOCKS = 512
 # Checks that hold for NumPy and CuPy arrays alike (both have .shape, .dtype, .flags).
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
-
-
-def _dtype_name(a: Any) -> str:
-    return np.dtype(a.dtype).name
-
-
-def _check_type(name: str, a: Any, backend: str) -> None:
+def check_types(backend: str, **arrays: Any) -> None:
     """NumPy arrays for backend="cpu" (NumPy's message), CuPy arrays for backend="cupy"."""
-    if backend == "cpu" and not isinstance(a, np.ndarray):
-        hint = (" (backend='cpu' takes NumPy arrays; GPU arrays need backend='cupy')"
-                if hasattr(a, "__cuda_array_interface__") else "")
-        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}{hint}")
-    if backend == "cupy" and isinstance(a, np.ndarray):
-        raise TypeError(f"{name} is a NumPy array; backend='cupy' takes CuPy arrays or torch CUDA "
-                        "tensors (use backend='cpu' for NumPy)")
-    if backend == "cupy" and not all(hasattr(a, x) for x in ("shape", "dtype", "flags")):
-        raise TypeError(f"{name} must be a CuPy array or a torch CUDA tensor, got "
-                        f"{type(a).__name__}")
+    check_choice("backend", backend, BACKENDS)
+    for name, a in arrays.items():
+        if backend == "cpu" and not isinstance(a, np.ndarray):
+            hint = (" (backend='cpu' takes NumPy arrays; GPU arrays need backend='cupy')"
+                    if hasattr(a, "__cuda_array_interface__") else "")
+            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}{hint}")
+        if backend == "cupy" and isinstance(a, np.ndarray):
+            raise TypeError(f"{name} is a NumPy array; backend='cupy' takes CuPy arrays or "
+                            "torch CUDA tensors (use backend='cpu' for NumPy)")
+        if backend == "cupy" and not all(hasattr(a, x) for x in ("shape", "dtype", "flags")):
+            raise TypeError(f"{name} must be a CuPy array or a torch CUDA tensor, got "
+                            f"{type(a).__name__}")
 
 
-def _check_contiguous(name: str, a: Any) -> None:
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} is not C-contiguous; the kernels index raw memory with the "
-                         "row-major strides of its shape (pass np.ascontiguousarray(...))")
+def host_view(a: Any) -> np.ndarray:
+    """A NumPy array with a device array's shape and dtype, for the NumPy checks to look at:
+    one zero broadcast to the shape (no copy, no data). A NumPy array is itself."""
+    return a if isinstance(a, np.ndarray) else np.broadcast_to(np.zeros((), a.dtype), a.shape)
 
 
-def _data_pointer(a: Any) -> int:
-    return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
-
-
-def _check_aligned(name: str, a: Any) -> None:
-    """The kernels load 16 bytes at a time; a view that starts mid-vector would fault on a GPU."""
-    if a.size and _data_pointer(a) % 16:
-        raise ValueError(f"{name} starts at an address that is not a multiple of 16 bytes (a "
-                         "view into a larger array?); the kernel's 16-byte loads need it "
-                         "aligned: pass a copy")
-
-
-def _check_float(name: str, a: Any) -> str:
-    dt = _dtype_name(a)
-    if dt not in DTYPES:
-        raise TypeError(f"{name}.dtype is {dt}; the kernels are built for {tuple(DTYPES)}")
-    return dt
-
-
-def _check_int(name: str, a: Any, allowed: tuple[str, ...]) -> None:
-    dt = _dtype_name(a)
-    if dt not in allowed:
-        raise TypeError(f"{name}.dtype is {dt}; expected {' or '.join(allowed)}")
-
-
-def _to_host(a: Any) -> np.ndarray:
-    """A NumPy view or copy of `a`: a CuPy array is copied from the device."""
+def to_host(a: Any) -> np.ndarray:
+    """The values of `a` as NumPy: a CuPy array is copied from the device."""
     if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
         return np.asarray(a)
     import cupy  # only reached with backend="cupy"
 
     return cupy.asnumpy(a)
+
+
+def check_float_dtype(name: str, a: Any) -> str:
+    dt = np.dtype(a.dtype).name
+    if dt not in kernels.DTYPES:
+        raise TypeError(f"{name}.dtype is {dt}; the kernels are built for "
+                        f"{tuple(kernels.DTYPES)}")
+    return dt
+
+
+def check_int_dtype(name: str, a: Any, allowed: tuple[str, ...]) -> None:
+    dt = np.dtype(a.dtype).name
+    if dt not in allowed:
+        raise TypeError(f"{name}.dtype is {dt}; expected {' or '.join(allowed)}")
+
+
+def check_contiguous(name: str, a: Any) -> None:
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous; the kernels index raw memory with the "
+                         "row-major strides of its shape (pass np.ascontiguousarray(...))")
+
+
+def _check_aligned(name: str, a: Any) -> None:
+    """The kernels load 16 bytes at a time; a view that starts mid-vector would fault on a GPU."""
+    pointer = int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+    if a.size and pointer % 16:
+        raise ValueError(f"{name} starts at an address that is not a multiple of 16 bytes (a "
+                         "view into a larger array?); the kernel's 16-byte loads need it "
+                         "aligned: pass a copy")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,17 +132,15 @@ def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
 
 def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
                    block_size: int, head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
-    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; single pass or partitioned
-    by vLLM's rule: the single pass when max_len <= 8192 and (one partition, or more than 512
-    thread blocks in the single-pass grid), else partitioned. The rule's comment gives the
-    reasons: one partition needs no reduce; many sequences or heads already give the GPU
-    enough blocks; above 8192 tokens the logits would crowd shared memory. vLLM writes the
-    block count as num_seqs * num_heads, which it is for v1; for v3 it is S * Hkv * ceil(G /
-    GQA_GROUP). Here also partitioned whenever the single pass's shared memory would not fit."""
+    """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; then vLLM's rule (above),
+    whose comment gives the reasons: one partition needs no reduce, many sequences or heads
+    give the GPU enough work, above 8192 tokens the logits would crowd shared memory. vLLM counts
+    S * H blocks, as v1 has; v3 has S * Hkv * ceil(G / GQA_GROUP). Here the single pass is
+    also refused whenever its shared memory would not fit."""
     group = num_heads // num_kv_heads
     grouped = group > 1
     single, partitioned = (3, 4) if grouped else (1, 2)
-    blocks = num_seqs * (num_kv_heads * cdiv(group, GQA_GROUP) if grouped else num_heads)
+    blocks = num_seqs * (num_kv_heads * cdiv(group, kernels.GQA_GROUP) if grouped else num_heads)
     use_single = max_len <= SINGLE_PASS_MAX_LEN and (
         cdiv(max_len, PARTITION_SIZE) == 1 or blocks > SINGLE_PASS_MIN_BLOCKS)
     if use_single and (static_smem(single, head_size)
@@ -199,88 +186,51 @@ class AttentionLaunch:
         return (self.num_kv_heads * cdiv(group, GROUPS[self.version]), rows,
                 self.max_partitions)
 
-    def reduce_grid(self, rows: int) -> tuple[int, int, int]:
-        return (self.num_heads, rows, 1)
 
+def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale,
+                          version, backend) -> AttentionLaunch:
+    """Validate everything the kernel will trust; choose the version; return the geometry.
 
-def _check_caches(key_cache: Any, value_cache: Any, backend: str) -> tuple[int, int, int, int]:
-    """The NumPy paged attention's cache checks, with its messages, then the kernels' own."""
+    ``version``: None chooses (choose_version), or an int in kernels.VERSIONS forces one. Raises
+    ValueError / TypeError naming the argument, its value and what was expected."""
+    if version is not None:
+        version = check_choice("version", check_int("version", version), kernels.VERSIONS)
+    check_types(backend, key_cache=key_cache, value_cache=value_cache, query=query,
+                block_tables=block_tables, seq_lens=seq_lens)
+    # the NumPy paged attention's checks, in its order and with its messages
+    kc, vc, q = host_view(key_cache), host_view(value_cache), host_view(query)
+    check_caches(kc, vc)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        _check_type(name, c, backend)
-        if c.ndim != 4:
-            raise ValueError(f"{name} must be [NB, Hkv, BS, D] (4-D), got shape "
-                             f"{tuple(c.shape)}")
-    if tuple(key_cache.shape) != tuple(value_cache.shape):
-        raise ValueError(f"key_cache.shape={tuple(key_cache.shape)} != value_cache.shape="
-                         f"{tuple(value_cache.shape)}; expected both [NB, Hkv, BS, D]")
-    if key_cache.dtype != value_cache.dtype:
-        raise TypeError(f"key_cache.dtype={np.dtype(key_cache.dtype)} != "
-                        f"value_cache.dtype={np.dtype(value_cache.dtype)}")
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        _check_float(name, c)
+        check_float_dtype(name, c)  # the compiled dtypes (NumPy also takes float64)
         if not c.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (the one cache layout "
                              "[NB, Hkv, BS, D]); got a strided view")
-    nb, hkv, bs, d = (int(x) for x in key_cache.shape)
-    if min(nb, hkv, bs, d) < 1:
-        raise ValueError(f"key_cache.shape={tuple(key_cache.shape)} has an empty dimension")
-    if d not in HEAD_SIZES:
-        raise ValueError(f"head size D={d} has no compiled kernel; built for {HEAD_SIZES}")
-    if bs not in BLOCK_SIZES:
-        raise ValueError(f"block size BS={bs} (key_cache.shape[2]) has no compiled kernel; "
-                         f"built for {BLOCK_SIZES}")
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         _check_aligned(name, c)
-    return nb, hkv, bs, d
-
-
-def _check_query(query: Any, key_cache: Any, backend: str) -> tuple[int, int]:
-    """The NumPy paged attention's query checks, with its messages; returns (S, H)."""
-    _check_type("query", query, backend)
-    if query.ndim != 3:
-        raise ValueError(f"query must be [S, H, D] (3-D), got shape {tuple(query.shape)}")
-    _check_float("query", query)
-    if query.dtype != key_cache.dtype:
-        raise TypeError(f"query.dtype={np.dtype(query.dtype)} != "
-                        f"key_cache.dtype={np.dtype(key_cache.dtype)}")
-    s, h, d = (int(x) for x in query.shape)
-    _, hkv, _, dk = (int(x) for x in key_cache.shape)
-    if d != dk:
-        raise ValueError(f"query.shape[2]={d} is the head size; key_cache has D={dk} "
-                         f"(key_cache.shape={tuple(key_cache.shape)})")
-    if h < 1 or h % hkv:
-        raise ValueError(f"H={h} query heads is not a multiple of Hkv={hkv} KV heads "
-                         "(key_cache.shape[1])")
-    _check_contiguous("query", query)
-    return s, h
-
-
-def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale,
-                          version, backend, smem_limit: int = SMEM_LIMIT_SM90) -> AttentionLaunch:
-    """Validate everything the kernel will trust; choose the version; return the geometry.
-
-    ``version``: None chooses (choose_version), or an int in VERSIONS forces one. Raises
-    ValueError / TypeError naming the argument, its value and what was expected."""
-    if version is not None:
-        version = check_int("version", version)
-        if version not in VERSIONS:
-            raise ValueError(f"version={version} is not one of {list(VERSIONS)} (or None: "
-                             "chosen by the launch's shape)")
-    _check_backend(backend)
-    nb, hkv, bs, d = _check_caches(key_cache, value_cache, backend)
-    s, h = _check_query(query, key_cache, backend)
-    if backend == "cupy":  # device arrays only (NumPy's checks below take any array-like)
-        _check_type("block_tables", block_tables, backend)
-        _check_type("seq_lens", seq_lens, backend)
-    tables, lens = _check_tables(_to_host(block_tables), _to_host(seq_lens), s, nb, bs)
+    nb, hkv, bs, d = kc.shape
+    if min(nb, hkv, bs, d) < 1:
+        raise ValueError(f"key_cache.shape={kc.shape} has an empty dimension")
+    if d not in kernels.HEAD_SIZES:
+        raise ValueError(f"head size D={d} has no compiled kernel; built for "
+                         f"{kernels.HEAD_SIZES}")
+    if bs not in kernels.BLOCK_SIZES:
+        raise ValueError(f"block size BS={bs} (key_cache.shape[2]) has no compiled kernel; "
+                         f"built for {kernels.BLOCK_SIZES}")
+    check_query(q, kc, None, "S")
+    check_contiguous("query", query)
+    s, h, _ = q.shape
+    _, lens = check_block_tables(to_host(block_tables), to_host(seq_lens), s, nb, bs)
     check_scale(scale)
     # what only the kernels need: int32, contiguous metadata (NumPy accepts any integers)
     for name, a in (("block_tables", block_tables), ("seq_lens", seq_lens)):
-        _check_type(name, a, backend)
-        _check_int(name, a, ("int32",))
-        _check_contiguous(name, a)
+        check_int_dtype(name, a, ("int32",))
+        check_contiguous(name, a)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     max_len = int(lens.max()) if s else 0
+    smem_limit = SMEM_LIMIT_SM90
+    if backend == "cupy":
+        from minipaged.cuda import cupy_runner
+
+        smem_limit = cupy_runner.smem_limit()
     if version is None:
         version = choose_version(s, h, hkv, max_len, bs, d, smem_limit) if s else 1
     partitioned = version in (2, 4)
@@ -296,5 +246,6 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
             f"{max_len}) in shared memory: {needed} bytes with its static arrays, above the "
             f"{smem_limit} a thread block may use; use version={version + 1} (partitions of "
             f"{PARTITION_SIZE} tokens) or version=None")
-    return AttentionLaunch(_dtype_name(query), s, h, hkv, d, bs, int(tables.shape[1]), version,
-                           partitions, smem, partitions * 4 if partitioned else 0, scale)
+    return AttentionLaunch(check_float_dtype("query", query), s, h, hkv, d, bs,
+                           int(block_tables.shape[1]), version, partitions, smem,
+                           partitions * 4 if partitioned else 0, scale)

@@ -63,7 +63,7 @@ __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
 // N elements loaded or stored as one unit: with sizeof(T) * N == 16 the GPU moves them with a
 // single 16-byte instruction (ld.global.v4). The address must be a multiple of 16 bytes:
-// launch.py checks that every array starts 16-byte aligned, and offsets are multiples of N.
+// checks.py checks that both caches start 16-byte aligned, and offsets are multiples of N.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
   T v[N];

@@ -13,12 +13,12 @@ Read next: lessons/08_gpu_kernel.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 
+from minipaged._checks import cdiv
 from minipaged.cuda import cupy_runner, kernels, launch
 from minipaged.paged import cache_ops
 from minipaged.paged.paged_attention import paged_attention as oracle
@@ -48,7 +48,7 @@ def _device(backend: str):
 
 def _case(rng, dtype, s, h, hkv, d, bs, lens, to_device):
     """A ragged case on a scattered pool whose unused slots and free blocks are NaN."""
-    nblocks = [-(-n // bs) for n in lens]
+    nblocks = [cdiv(n, bs) for n in lens]
     nb = sum(nblocks) + 3
     kc = np.full((nb, hkv, bs, d), np.nan, dtype)
     vc = np.full((nb, hkv, bs, d), np.nan, dtype)
@@ -182,10 +182,9 @@ def kernel_table() -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="minipaged gpu-check", description=__doc__)
-    p.add_argument("--out", default="gpu-check.json", help="where to write the JSON report")
-    args = p.parse_args(argv)
+def main(out: str = "gpu-check.json") -> int:
+    """`minipaged gpu-check --out OUT`: 0 when every check passed, 1 when one failed, 3 when
+    there is no GPU."""
     reason = gpu_missing()
     if reason:
         print(f"minipaged gpu-check: no GPU here ({reason}); nothing ran", file=sys.stderr)
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     report["cache_kernels_exact"] = check_cache_kernels(rng)
     report["limits"] = probe_limits(rng)
     report["bandwidth"] = bandwidth(rng)
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         json.dump(report, f, indent=1)
     b = report["bandwidth"]
     print(f"versions x instantiations checked: {len(report['versions'])}, failed: {len(bad)}; "
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  v{v}: {r['ms']:.3f} ms, {r['kv_read_GBps']:.0f} GB/s, "
               f"{100 * r['fraction_of_copy']:.0f}% of copy")
     print(f"grouped (v3/v4) over per-head (v1/v2): {b['grouped_speedup']:.2f}x; report: "
-          f"{args.out}")
+          f"{out}")
     ok = not bad and all(report["cache_kernels_exact"].values()) and all(
         r.get("error_over_tolerance", 0) <= 1 for r in report["limits"].values())
     return 0 if ok else 1

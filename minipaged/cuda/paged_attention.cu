@@ -3,7 +3,7 @@
 // Where this sits: the last stage of the course. minipaged/paged/paged_attention.py computes the
 // same thing in NumPy with method="online"; this file is that walk over the block table,
 // written for CUDA threads. Paper: vLLM (Kwon et al., SOSP 2023) section 4.1 and Fig. 18a; GQA:
-// Ainslie et al., EMNLP 2023. Read next: cache_kernels.cu, then launch.py.
+// Ainslie et al., EMNLP 2023. Read next: cache_kernels.cu, then kernels.py.
 //
 // Compile (the same text, three compilers; common.cuh has the few lines that differ):
 //   nvcc   python -c "from minipaged.cuda import kernels; print(kernels.nvcc_source())" > k.cu

@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from minipaged._checks import cdiv
 from minipaged._install import TEST_STEPS
 from minipaged.cuda import kernels
 
@@ -39,14 +40,15 @@ class KernelStats:
     stack: int          # bytes of stack frame (local memory)
     smem: int           # bytes of static shared memory
 
-    def blocks_per_sm(self, dynamic_smem: int = 0, threads: int = kernels.NUM_THREADS) -> int:
-        """Theoretical resident blocks per SM on sm_90: 64K registers (allocated per warp in
-        units of 256), 228 KiB of shared memory (1 KiB of it reserved per block), 2048
-        threads, 32 blocks (CUDA C++ Programming Guide, compute capability 9.0)."""
-        warps = -(-threads // 32)
-        regs_per_warp = -(-self.registers * 32 // 256) * 256
-        by_regs = 65536 // max(1, regs_per_warp * warps)
-        by_smem = (228 * 1024) // (self.smem + dynamic_smem + 1024)
+    def blocks_per_sm(self) -> int:
+        """Theoretical resident blocks of NUM_THREADS threads per SM on sm_90, before any
+        dynamic shared memory: 64K registers (allocated per warp in units of 256), 228 KiB of
+        shared memory (1 KiB of it reserved per block), 2048 threads, 32 blocks (CUDA C++
+        Programming Guide, compute capability 9.0)."""
+        threads = kernels.NUM_THREADS
+        regs_per_warp = cdiv(self.registers * 32, 256) * 256
+        by_regs = 65536 // max(1, regs_per_warp * cdiv(threads, 32))
+        by_smem = (228 * 1024) // (self.smem + 1024)
         return min(by_regs, by_smem, 2048 // threads, 32)
 
 

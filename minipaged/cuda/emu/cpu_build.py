@@ -20,7 +20,7 @@ Build variants:
     ucontext=True   use the portable ucontext fiber switch instead of the x86-64 one.
     extra_sources   more .cu files compiled into the library (the sanitizer test adds one with
                     a deliberate bug, tests/cuda/planted_oob.cu, to prove ASan is watching).
-Read next: minipaged/cuda/launch.py (the Python launchers that call into this library).
+Read next: minipaged/cuda/cpu_runner.py (the runner that calls into this library).
 """
 
 from __future__ import annotations

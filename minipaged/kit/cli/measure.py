@@ -105,4 +105,4 @@ def add_gpu_check(sub) -> None:
 def gpu_check(args) -> int:
     from minipaged.cuda import gpu_check as checker  # the command's logic lives with the kernels
 
-    return checker.main(["--out", args.out])
+    return checker.main(args.out)
