@@ -196,6 +196,10 @@ def main(out: str = "gpu-check.json") -> int:
     report = {"device": cupy_runner.device_info(), "cupy": cupy.__version__,
               "nvrtc": ".".join(map(str, nvrtc.getVersion())), "kernels": kernel_table()}
     print(f"{report['device']}, CuPy {report['cupy']}, NVRTC {report['nvrtc']}")
+    for k in report["kernels"]:
+        print(f"  {k['kernel']}: {k['registers']} registers, {k['local_bytes']} B local "
+              f"(spills), {k['static_smem']} B static smem, "
+              f"{k['blocks_per_sm_without_dynamic_smem']} blocks/SM")
     report["versions"] = check_versions(rng)
     bad = [r for r in report["versions"] if not r["error_over_tolerance"] <= 1]
     report["cache_kernels_exact"] = check_cache_kernels(rng)
