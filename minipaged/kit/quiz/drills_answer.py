@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged import KVCacheManager, dense_attention, paged_attention
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
-from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, drill, nbytes, pct
+from minipaged.sim import memory
 
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 
 
+@drill("question", *QUESTION, source="the interview question")
 def question(ctx: Context) -> Answer:
     f2, rates = ctx.fig2(), ctx.rates()
     figures = [(f"{p}: token states while requests queue / average batch",
@@ -53,12 +56,11 @@ def two_level_bytes(seq_len: int, max_context: int, block_size: int, leaf_size: 
     return (cdiv(mb, leaf_size) + cdiv(used, leaf_size) * leaf_size) * 4   # int32 entries
 
 
+@drill("follow-up-1", *FOLLOW_UPS[0], source="follow-up 1")
 def follow_up_1(ctx: Context) -> Answer:
-    from minipaged.sim.memory import MODELS, block_table_bytes
-
-    t128 = block_table_bytes(131072, 16)
-    t32 = block_table_bytes(32768, 16)
-    kv128 = MODELS["llama-3-8b"].kv_bytes_per_token * 131072
+    t128 = memory.block_table_bytes(131072, 16)
+    t32 = memory.block_table_bytes(32768, 16)
+    kv128 = memory.MODELS["llama-3-8b"].kv_bytes_per_token * 131072
     return Answer(
         text=(
             "One int32 entry per logical block: ceil(128K / 16) = 8192 entries. No status bits "
@@ -71,7 +73,7 @@ def follow_up_1(ctx: Context) -> Answer:
         figures=[
             ("block table, 128K tokens, BS 16, int32", nbytes(t128)),
             ("  the same with 8-byte entries (the answer's assumption)",
-             nbytes(block_table_bytes(131072, 16, entry_bytes=8))),
+             nbytes(memory.block_table_bytes(131072, 16, entry_bytes=8))),
             ("  x 1000 requests", nbytes(t128 * 1000)),
             ("block table, 32K tokens, x 1000 requests", nbytes(t32 * 1000)),
             ("KV cache of one 128K-token request, Llama-3-8B fp16", nbytes(kv128)),
@@ -86,16 +88,14 @@ def follow_up_1(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("block-table-128k", "block-table-32k"))
 
 
+@drill("follow-up-2", *FOLLOW_UPS[1], source="follow-up 2")
 def follow_up_2(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     waste = {}
     for bs in (32, 16):      # one finished 33-token sequence, read from a real manager
         m = KVCacheManager(cdiv(33, bs) + 1, bs)
         m.allocate("r", list(range(33)))
         u = m.usage({"r": 33})
         waste[bs] = (u.internal_fragmentation, u.token + u.reserved + u.internal_fragmentation)
-    lens = ctx.final_lens("sharegpt")
     return Answer(
         text=(
             "Doubling the block size halves the block table and the number of blocks a decode "
@@ -107,15 +107,14 @@ def follow_up_2(ctx: Context) -> Answer:
         figures=[(f"33 tokens, BS {bs}: unused / allocated slots", f"{w}/{a} = {pct(w / a)}")
                  for bs, (w, a) in waste.items()]
         + [(f"ShareGPT-like lengths: mean unused slots per sequence, BS {bs}",
-            f"{float(np.mean(cdiv(lens, bs) * bs - lens)):.1f}") for bs in (16, 32)],
+            f"{float(np.mean(ctx.unused_slots(bs))):.1f}") for bs in (16, 32)],
         commands=[ctx.sim_command(block_size=16), ctx.sim_command(block_size=32),
                   "minipaged check 2   (paged_breakdown)"],
         verdicts=ctx.verdicts("block-32-example", "block-size-tradeoff"))
 
 
+@drill("follow-up-3", *FOLLOW_UPS[2], source="follow-up 3")
 def follow_up_3(ctx: Context) -> Answer:
-    from minipaged import dense_attention, paged_attention
-
     rng = np.random.default_rng(ctx.seed)
     bs, nb, hkv, h, d, n = 16, 12, 2, 8, 64, 150
     kc = rng.standard_normal((nb, hkv, bs, d)).astype(np.float32)        # [NB, Hkv, BS, D]
@@ -146,9 +145,8 @@ def follow_up_3(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("flashattention-compatible"))
 
 
+@drill("pitfall-concept", *PITFALLS[0], source="pitfall 1")
 def pitfall_concept(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     m = KVCacheManager(8, 16)
     m.allocate("parent", list(range(20)))           # 1 full block + 4 tokens in the second
     m.fork("parent", "child")
@@ -175,17 +173,16 @@ def pitfall_concept(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("copy-on-write"))
 
 
+@drill("pitfall-block-size", *PITFALLS[1], source="pitfall 2")
 def pitfall_block_size(ctx: Context) -> Answer:
-    from minipaged.sim.memory import block_table_bytes
-
     lens = ctx.final_lens("sharegpt")
     figures = []
     for bs in (1, 8, 16, 32, 64, 128, 256):
-        alloc = cdiv(lens, bs) * bs
+        unused = ctx.unused_slots(bs)
         figures.append((f"BS {bs:>3}: unused slots per sequence / share / table for 2K",
-                        f"{float(np.mean(alloc - lens)):6.1f} / "
-                        f"{pct(float(np.sum(alloc - lens) / np.sum(alloc)))} / "
-                        f"{nbytes(block_table_bytes(2048, bs))}"))
+                        f"{float(np.mean(unused)):6.1f} / "
+                        f"{pct(float(np.sum(unused) / np.sum(lens + unused)))} / "
+                        f"{nbytes(memory.block_table_bytes(2048, bs))}"))
     return Answer(
         text=(
             "Bigger is not better: the table shrinks, but every sequence's last block wastes "
@@ -198,6 +195,7 @@ def pitfall_block_size(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("sweet-spot-16"))
 
 
+@drill("pitfall-vllm-only", *PITFALLS[2], source="pitfall 3")
 def pitfall_vllm_only(ctx: Context) -> Answer:
     return Answer(
         text=(
@@ -211,6 +209,8 @@ def pitfall_vllm_only(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("others-page-too"))
 
 
+@drill("refcount-cap", "vLLM是否限制共享块的最大引用计数（默认16）？",
+       "Does vLLM cap a shared block's reference count (at 16)?", source="the answer's claim")
 def refcount_cap(ctx: Context) -> Answer:
     f = ctx.finding("refcount-cap")
     return Answer(
@@ -225,6 +225,9 @@ def refcount_cap(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("refcount-cap"))
 
 
+@drill("no-replacement", "KV Cache访问是顺序的，所以不需要LRU等替换策略？",
+       "KV access is sequential, so no page replacement (LRU etc.) is needed?",
+       source="the answer's claim")
 def no_replacement(ctx: Context) -> Answer:
     f = ctx.finding("no-page-replacement").figures
     return Answer(
@@ -247,19 +250,5 @@ def no_replacement(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("no-page-replacement"))
 
 
-DRILLS: tuple[Drill, ...] = (
-    Drill("question", "the interview question", *QUESTION, question),
-    *(Drill(f"follow-up-{i}", f"follow-up {i}", zh, en, fn)
-      for i, ((zh, en), fn) in enumerate(zip(FOLLOW_UPS, (follow_up_1, follow_up_2,
-                                                          follow_up_3)), 1)),
-    *(Drill(key, f"pitfall {i}", zh, en, fn)
-      for i, (key, (zh, en), fn) in enumerate(zip(
-          ("pitfall-concept", "pitfall-block-size", "pitfall-vllm-only"), PITFALLS,
-          (pitfall_concept, pitfall_block_size, pitfall_vllm_only)), 1)),
-    Drill("refcount-cap", "the answer's claim", "vLLM是否限制共享块的最大引用计数（默认16）？",
-          "Does vLLM cap a shared block's reference count (at 16)?", refcount_cap),
-    Drill("no-replacement", "the answer's claim",
-          "KV Cache访问是顺序的，所以不需要LRU等替换策略？",
-          "KV access is sequential, so no page replacement (LRU etc.) is needed?",
-          no_replacement),
-)
+DRILLS = (question, follow_up_1, follow_up_2, follow_up_3, pitfall_concept, pitfall_block_size,
+          pitfall_vllm_only, refcount_cap, no_replacement)

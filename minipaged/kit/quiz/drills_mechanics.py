@@ -12,8 +12,10 @@ import math
 
 import numpy as np
 
+from minipaged import KVCacheManager
 from minipaged._checks import cdiv
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import Answer, Context, drill, nbytes, pct
+from minipaged.sim import memory
 
 
 def x_packing(dtype_bytes: int, head_size: int) -> tuple[int, int]:
@@ -22,10 +24,10 @@ def x_packing(dtype_bytes: int, head_size: int) -> tuple[int, int]:
     return 16 // dtype_bytes, head_size * dtype_bytes // 16
 
 
+@drill("x-packing", "vLLM的key cache布局里的x是做什么的？",
+       "What is the x in vLLM's key cache layout [NB, Hkv, D/x, BS, x] for?")
 def x_packing_answer(ctx: Context) -> Answer:
-    from minipaged.sim.memory import MODELS
-
-    m = MODELS["opt-13b"]
+    m = memory.MODELS["opt-13b"]
     figures = [(f"{name}: x / 16-byte loads per key vector (D={m.head_size})",
                 "{} / {}".format(*x_packing(b, m.head_size)))
                for name, b in (("fp32", 4), ("fp16", 2), ("fp8", 1))]
@@ -52,6 +54,8 @@ def v2_grid(num_seqs: int, num_heads: int, context_len: int) -> dict:
     return {"v1": num_heads * num_seqs, "v2": num_heads * num_seqs * parts, "partitions": parts}
 
 
+@drill("v1-v2", "paged_attention v1和v2内核有什么区别？什么时候用v2？",
+       "What is the difference between the v1 and v2 paged attention kernels? When v2?")
 def v1_v2(ctx: Context) -> Answer:
     g, g64 = v2_grid(1, 32, 16384), v2_grid(64, 32, 1024)
     rng = np.random.default_rng(ctx.seed)
@@ -86,14 +90,13 @@ def v1_v2(ctx: Context) -> Answer:
         commands=["python lessons/08_gpu_kernel.py", "minipaged check 7"])
 
 
+@drill("table-to-kernel", "块表是怎么传到kernel里的？",
+       "How does the block table reach the kernel?")
 def table_to_kernel(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-    from minipaged.sim.memory import block_table_bytes, preset
-
     m = KVCacheManager(32, 4)
     for sid, n in (("a", 9), ("b", 3), ("c", 6)):
         m.allocate(sid, list(range(n)))
-    p = preset("llama-3-8b")
+    p = memory.preset("llama-3-8b")
     bs, ctxlen = 16, 2048
     s = min(128, p.num_token_slots // ctxlen)      # a batch that fits in the KV budget
     return Answer(
@@ -111,16 +114,16 @@ def table_to_kernel(ctx: Context) -> Answer:
             ("block_tables for lengths 9, 3, 6 at BS 4",
              np.array2string(m.block_tables(["a", "b", "c"]))),
             (f"block_tables for S={s}, context {ctxlen}, BS {bs}",
-             nbytes(s * block_table_bytes(ctxlen, bs))),
+             nbytes(s * memory.block_table_bytes(ctxlen, bs))),
             ("KV read by that decode step (Llama-3-8B)",
              nbytes(s * ctxlen * p.model.kv_bytes_per_token)),
         ],
         commands=["python lessons/03_paging.py", "minipaged check 4"])
 
 
+@drill("cow-vs-prefix", "写时复制和前缀缓存有什么区别？vLLM v1为什么放弃了写时复制？",
+       "Copy-on-write versus prefix caching: what differs, and why did vLLM v1 drop CoW?")
 def cow_vs_prefix(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     n, prompt, gen, bs = 4, list(range(100)), 30, 16
     cow = KVCacheManager(256, bs)
     cow.allocate(0, prompt)
@@ -155,9 +158,9 @@ def cow_vs_prefix(ctx: Context) -> Answer:
                   "minipaged demo prefix"])
 
 
+@drill("last-token", "前缀缓存命中时，为什么最后一个token总要重算？",
+       "With prefix caching, why is the last prompt token always recomputed?")
 def last_token(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     figures = []
     for n in (33, 32, 16):
         m = KVCacheManager(16, 16, enable_prefix_caching=True)
@@ -178,6 +181,8 @@ def last_token(ctx: Context) -> Answer:
         commands=["python lessons/05_prefix_caching.py", "minipaged check 10"])
 
 
+@drill("sharing-savings", "并行采样和束搜索分别能省多少显存？为什么差这么多？",
+       "How much memory do parallel sampling and beam search save, and why so different?")
 def sharing_savings(ctx: Context) -> Answer:
     saved = ctx.sharing()           # experiment 2 on Alpaca: the canonical figures
     figures = [(f"Alpaca, {label} {k}: memory saved", pct(saved[kind][k]))
@@ -196,22 +201,4 @@ def sharing_savings(ctx: Context) -> Answer:
                   "minipaged check 9"])
 
 
-DRILLS: tuple[Drill, ...] = (
-    Drill("x-packing", "interviewer", "vLLM的key cache布局里的x是做什么的？",
-          "What is the x in vLLM's key cache layout [NB, Hkv, D/x, BS, x] for?",
-          x_packing_answer),
-    Drill("v1-v2", "interviewer", "paged_attention v1和v2内核有什么区别？什么时候用v2？",
-          "What is the difference between the v1 and v2 paged attention kernels? When v2?",
-          v1_v2),
-    Drill("table-to-kernel", "interviewer", "块表是怎么传到kernel里的？",
-          "How does the block table reach the kernel?", table_to_kernel),
-    Drill("cow-vs-prefix", "interviewer",
-          "写时复制和前缀缓存有什么区别？vLLM v1为什么放弃了写时复制？",
-          "Copy-on-write versus prefix caching: what differs, and why did vLLM v1 drop CoW?",
-          cow_vs_prefix),
-    Drill("last-token", "interviewer", "前缀缓存命中时，为什么最后一个token总要重算？",
-          "With prefix caching, why is the last prompt token always recomputed?", last_token),
-    Drill("sharing-savings", "interviewer", "并行采样和束搜索分别能省多少显存？为什么差这么多？",
-          "How much memory do parallel sampling and beam search save, and why so different?",
-          sharing_savings),
-)
+DRILLS = (x_packing_answer, v1_v2, table_to_kernel, cow_vs_prefix, last_token, sharing_savings)

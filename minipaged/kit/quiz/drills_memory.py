@@ -9,12 +9,28 @@ from __future__ import annotations
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, Drill, nbytes
+from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, drill, nbytes
+from minipaged.sim import memory
+from minipaged.sim.cost import CostModel
 
 
+def opt_13b() -> tuple[memory.MemoryPreset, CostModel]:
+    """The paper's model on an A100-40GB (Table 1), and the cost model of that pair."""
+    p = memory.preset("opt-13b")
+    return p, CostModel.for_preset(p)
+
+
+def swap_ms(tokens: int, block_size: int) -> str:
+    """The cost model's time to swap a sequence of ``tokens`` out, one copy per block."""
+    p, cost = opt_13b()
+    t = cost.step_time(0, 0, blocks_swapped=cdiv(tokens, block_size),
+                       block_bytes=p.model.kv_bytes_per_token * block_size)
+    return f"{1e3 * t:.1f} ms"
+
+
+@drill("why-16", "为什么默认块大小是16？", "Why is the default block size 16?")
 def why_16(ctx: Context) -> Answer:
     sweep = ctx.block_sweep()["alpaca"]
-    lens = ctx.final_lens("sharegpt")
     return Answer(
         text=(
             "Large enough that a warp's work per block and the table walk stay cheap, small "
@@ -31,23 +47,18 @@ def why_16(ctx: Context) -> Answer:
               for bs in (16, 32, 128)),
             ("Alpaca: block size with the highest throughput", str(sweep["best_block_size"])),
             ("ShareGPT lengths, mean unused slots per sequence at BS 16",
-             f"{float(np.mean(cdiv(lens, 16) * 16 - lens)):.1f}"),
+             f"{float(np.mean(ctx.unused_slots(16))):.1f}"),
         ],
         commands=[f"minipaged experiment 4 --num-requests {ctx.num_requests} --seed {ctx.seed}"])
 
 
+@drill("block-size-limits", "GPU上是什么限制了块大小的选择？",
+       "What limits the block size on GPUs, in both directions?")
 def block_size_limits(ctx: Context) -> Answer:
-    from minipaged.sim.cost import CostModel
-    from minipaged.sim.memory import preset
-
-    p = preset("opt-13b")
-    cost = CostModel.for_preset(p)
     figures = [(f"BS {bs}: lanes per token (thread group = max(32 / BS, 1))",
                 str(max(32 // bs, 1))) for bs in (8, 16, 32)]
-    for bs in (1, 16, 256):
-        t = cost.step_time(0, 0, blocks_swapped=cdiv(2048, bs),
-                           block_bytes=p.model.kv_bytes_per_token * bs)
-        figures.append((f"BS {bs}: swap a 2048-token sequence out", f"{1e3 * t:.1f} ms"))
+    figures += [(f"BS {bs}: swap a 2048-token sequence out", swap_ms(2048, bs))
+                for bs in (1, 16, 256)]
     return Answer(
         text=(
             "Small blocks: each block costs a table lookup and a scattered read, a warp "
@@ -62,10 +73,10 @@ def block_size_limits(ctx: Context) -> Answer:
         commands=["minipaged bench kernel --help", ctx.sim_command(block_size=256)])
 
 
+@drill("capacity", "一张A100-40GB跑OPT-13B能放下多少token、多少请求？",
+       "How many tokens and requests fit for OPT-13B on one A100-40GB?")
 def capacity(ctx: Context) -> Answer:
-    from minipaged.sim.memory import kv_calc, preset
-
-    r = kv_calc(preset("opt-13b"), context_len=2048)
+    r = memory.kv_calc(memory.preset("opt-13b"), context_len=2048)
     lens = ctx.final_lens("sharegpt")
     return Answer(
         text=(
@@ -83,11 +94,10 @@ def capacity(ctx: Context) -> Answer:
         commands=["minipaged kv-calc --model opt-13b --context-len 2048"])
 
 
+@drill("gqa", "GQA对KV Cache有什么影响？", "What does GQA do to the KV cache?")
 def gqa(ctx: Context) -> Answer:
-    from minipaged.sim.memory import MODELS, preset
-
-    m = MODELS["llama-3-8b"]
-    p = preset("llama-3-8b")
+    m = memory.MODELS["llama-3-8b"]
+    p = memory.preset("llama-3-8b")
     mha = 2 * m.num_layers * m.num_heads * m.head_size * m.dtype_bytes
     return Answer(
         text=(
@@ -109,12 +119,10 @@ def gqa(ctx: Context) -> Answer:
                   "minipaged kv-calc --model llama-3-8b --kv-heads 32"])
 
 
+@drill("decode-traffic", "为什么批越大吞吐越高？decode一步读了多少数据？",
+       "Why does a bigger batch give more throughput? What does a decode step read?")
 def decode_traffic(ctx: Context) -> Answer:
-    from minipaged.sim.cost import CostModel
-    from minipaged.sim.memory import preset
-
-    p = preset("opt-13b")
-    cost = CostModel.for_preset(p)
+    p, cost = opt_13b()
     figures = [("weights read per step", nbytes(p.model.weight_bytes))]
     for batch in (8, 32):
         t = cost.step_time(batch, batch * 1000)
@@ -131,19 +139,13 @@ def decode_traffic(ctx: Context) -> Answer:
         commands=[ctx.sim_command(policy="orca-max"), ctx.sim_command(policy="paged")])
 
 
+@drill("swap-vs-recompute", "抢占时换出和重计算怎么选？",
+       "Preemption: swap or recompute, and what does each cost?")
 def swap_vs_recompute(ctx: Context) -> Answer:
-    from minipaged.sim.cost import CostModel
-    from minipaged.sim.memory import preset
-
-    p = preset("opt-13b")
-    cost = CostModel.for_preset(p)
-    figures = []
-    for bs in (1, 16, 256):
-        t = cost.step_time(0, 0, blocks_swapped=cdiv(1000, bs),
-                           block_bytes=p.model.kv_bytes_per_token * bs)
-        figures.append((f"swap out a 1000-token sequence, BS {bs}", f"{1e3 * t:.1f} ms"))
+    figures = [(f"swap out a 1000-token sequence, BS {bs}", swap_ms(1000, bs))
+               for bs in (1, 16, 256)]
     figures.append(("recompute 1000 tokens (one prefill step)",
-                    f"{1e3 * cost.step_time(1000, 1000):.1f} ms"))
+                    f"{1e3 * opt_13b()[1].step_time(1000, 1000):.1f} ms"))
     for mode in ("swap", "recompute"):
         r = ctx.pressure() if mode == "recompute" else ctx.sim(**PRESSURE_RUN,
                                                                preemption_mode=mode)
@@ -164,18 +166,4 @@ def swap_vs_recompute(ctx: Context) -> Answer:
                   for m in ("swap", "recompute")] + ["minipaged check 11"])
 
 
-DRILLS: tuple[Drill, ...] = (
-    Drill("why-16", "interviewer", "为什么默认块大小是16？", "Why is the default block size 16?",
-          why_16),
-    Drill("block-size-limits", "interviewer", "GPU上是什么限制了块大小的选择？",
-          "What limits the block size on GPUs, in both directions?", block_size_limits),
-    Drill("capacity", "interviewer", "一张A100-40GB跑OPT-13B能放下多少token、多少请求？",
-          "How many tokens and requests fit for OPT-13B on one A100-40GB?", capacity),
-    Drill("gqa", "interviewer", "GQA对KV Cache有什么影响？", "What does GQA do to the KV cache?",
-          gqa),
-    Drill("decode-traffic", "interviewer", "为什么批越大吞吐越高？decode一步读了多少数据？",
-          "Why does a bigger batch give more throughput? What does a decode step read?",
-          decode_traffic),
-    Drill("swap-vs-recompute", "interviewer", "抢占时换出和重计算怎么选？",
-          "Preemption: swap or recompute, and what does each cost?", swap_vs_recompute),
-)
+DRILLS = (why_16, block_size_limits, capacity, gqa, decode_traffic, swap_vs_recompute)

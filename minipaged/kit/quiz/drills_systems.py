@@ -1,26 +1,29 @@
 """Interviewer drills on what serving systems built around PagedAttention since the paper.
 
-The systems drills, in quiz order: vLLM v1's engine (``drills_engine.py``), a token's KV bytes
-(``drills_kv_bytes.py``), then this module's: speculative decoding's rollback, sliding-window
+The systems drills, in quiz order: vLLM v1's engine, its pool and a token's KV bytes
+(``drills_engine.py``), then this module's: speculative decoding's rollback, sliding-window
 and hybrid managers, KV offloading and disaggregated prefill, beam search outside the engine
 core, and the critiques (vAttention; the cost of the indirection). ``DRILLS`` here gathers all
 of them. Every figure is computed as it prints: by the block managers, the calculator
 (``sim/memory.py``, ``minipaged kv-calc``) and the cost model; the one vLLM formula the package
 has no function for (``window_blocks``) is a small function here that says where it comes from.
 Every claim about vLLM names its file in vLLM 0.32.
-Read before: ``drills_kv_bytes.py``. Read next: ``glossary.py``.
+Read before: ``drills_engine.py``. Read next: ``glossary.py``.
 """
 
 from __future__ import annotations
 
+from minipaged import KVCacheManager
 from minipaged._checks import cdiv
-from minipaged.kit.quiz import drills_engine, drills_kv_bytes
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz import drills_engine
+from minipaged.kit.quiz.context import Answer, Context, drill, nbytes, pct
+from minipaged.sim import memory
+from minipaged.sim.cost import CostModel
 
 
+@drill("spec-decode", "投机解码时KV cache怎么处理被拒绝的token？",
+       "Speculative decoding: what happens to the KV slots of rejected tokens?")
 def spec_decode(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     m = KVCacheManager(8, 16)
     m.allocate("r", list(range(30)))
     held = [len(m.block_table("r"))]
@@ -55,6 +58,8 @@ def window_blocks(context_len: int, window: int, block_size: int) -> int:
     return cdiv(context_len, block_size) - skipped // block_size
 
 
+@drill("sliding-window", "滑动窗口注意力和混合模型的KV cache怎么管理？",
+       "How are sliding-window and hybrid models' KV caches managed?")
 def sliding_window(ctx: Context) -> Answer:
     full = cdiv(32768, 16)
     win = window_blocks(32768, 1024, 16)
@@ -79,11 +84,10 @@ def sliding_window(ctx: Context) -> Answer:
         commands=["minipaged kv-calc --context-len 32768"])
 
 
+@drill("offload-disagg", "KV offloading和PD分离和swap是什么关系？",
+       "How do KV offloading and disaggregated prefill relate to swapping?")
 def offload_disagg(ctx: Context) -> Answer:
-    from minipaged.sim.cost import CostModel
-    from minipaged.sim.memory import kv_preset
-
-    p = kv_preset("llama-3-8b")
+    p = memory.kv_preset("llama-3-8b")
     cost = CostModel.for_preset(p)
     kv = 2048 * p.kv_bytes_per_token
     return Answer(
@@ -107,9 +111,8 @@ def offload_disagg(ctx: Context) -> Answer:
                   "minipaged kv-calc --model llama-3-8b"])
 
 
+@drill("beam-outside", "vLLM v1里束搜索是怎么实现的？", "How does vLLM v1 run beam search?")
 def beam_outside(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     beam = list(range(37))                       # a beam of 37 tokens, at BS 16
     v1 = KVCacheManager(32, 16, enable_prefix_caching=True)
     v1.allocate("step 1", beam[:-1])             # last step's request sampled token 37 ...
@@ -139,12 +142,11 @@ def beam_outside(ctx: Context) -> Answer:
         commands=["minipaged demo beam", "minipaged demo cow-prefix"])
 
 
+@drill("alternatives", "PagedAttention有什么代价？vAttention怎么批评它？",
+       "What does PagedAttention cost, and what does vAttention criticise?")
 def alternatives(ctx: Context) -> Answer:
-    from minipaged.sim.cost import CostModel
-    from minipaged.sim.memory import kv_preset
-
-    c = CostModel.for_preset(kv_preset("opt-13b"))
-    m = kv_preset("llama-3-8b").model
+    c = CostModel.for_preset(memory.kv_preset("opt-13b"))
+    m = memory.kv_preset("llama-3-8b").model
     per_layer_k = m.num_kv_heads * m.head_size * m.dtype_bytes
     return Answer(
         text=(
@@ -167,17 +169,5 @@ def alternatives(ctx: Context) -> Answer:
         commands=["minipaged bench attention --help", "minipaged bench kernel --help"])
 
 
-DRILLS: tuple[Drill, ...] = drills_engine.DRILLS + drills_kv_bytes.DRILLS + (
-    Drill("spec-decode", "interviewer", "投机解码时KV cache怎么处理被拒绝的token？",
-          "Speculative decoding: what happens to the KV slots of rejected tokens?",
-          spec_decode),
-    Drill("sliding-window", "interviewer", "滑动窗口注意力和混合模型的KV cache怎么管理？",
-          "How are sliding-window and hybrid models' KV caches managed?", sliding_window),
-    Drill("offload-disagg", "interviewer", "KV offloading和PD分离和swap是什么关系？",
-          "How do KV offloading and disaggregated prefill relate to swapping?",
-          offload_disagg),
-    Drill("beam-outside", "interviewer", "vLLM v1里束搜索是怎么实现的？",
-          "How does vLLM v1 run beam search?", beam_outside),
-    Drill("alternatives", "interviewer", "PagedAttention有什么代价？vAttention怎么批评它？",
-          "What does PagedAttention cost, and what does vAttention criticise?", alternatives),
-)
+DRILLS = drills_engine.DRILLS + (spec_decode, sliding_window, offload_disagg, beam_outside,
+                                 alternatives)
