@@ -61,14 +61,12 @@ def chunked_prefill(ctx: Context) -> Answer:
            for c, r in runs.items()}
     d, p = runs[True]["mixed"][0]
     return Answer(
-        text=(
-            "vLLM v1's scheduler has no prefill phase and no decode phase: each step has one "
-            "token budget (max_num_batched_tokens); running requests come first, a decode "
-            "costing one token, and what is left goes to the next chunk of the waiting "
-            "prompts, so chunks and decodes share one forward pass "
-            "(vllm/v1/core/sched/scheduler.py, schedule). A long prompt no longer stalls the "
-            "requests that are decoding. Lesson 11 teaches it on minipaged's scheduler "
-            "(SchedulerConfig(chunked_prefill=True)); exercise 14 has you write the step."),
+        "vLLM v1's scheduler has no prefill phase and no decode phase: each step has one token "
+        "budget (max_num_batched_tokens); running requests come first, a decode costing one token, "
+        "and what is left goes to the next chunk of the waiting prompts, so chunks and decodes "
+        "share one forward pass (vllm/v1/core/sched/scheduler.py, schedule). A long prompt no "
+        "longer stalls the requests that are decoding. Lesson 11 teaches it on minipaged's "
+        "scheduler (SchedulerConfig(chunked_prefill=True)); exercise 14 has you write the step.",
         figures=[
             ("budget 8, A and B decoding, L's 22-token prompt arrives: first mixed step",
              f"{d} decodes + {p} prefill tokens"),
@@ -91,23 +89,19 @@ def v1_engine(ctx: Context) -> Answer:
     sizes = capture_sizes()
     padded = {n: next((s for s in sizes if s >= n), None) for n in (37, 300, 600)}
     return Answer(
-        text=(
-            "One step of vLLM v1: the scheduler gives each request some tokens within one "
-            "token budget, prefill chunks and decodes mixed. The model runner keeps a "
-            "persistent batch: request state and a zero-filled int32 block table "
-            "[max_num_reqs, cdiv(max_model_len, BS)] in buffers allocated once and updated "
-            "in place (vllm/v1/worker/gpu_input_batch.py, vllm/v1/worker/block_table.py; "
-            "CpuGpuBuffer in vllm/v1/utils.py). "
-            "Attention is one varlen FlashAttention call for all the step's tokens: queries "
-            "packed by cu_seqlens_q, K/V read from the paged cache through block_table and "
-            "seqused_k (vllm/v1/attention/backends/flash_attn.py; kernel block sizes: "
-            "multiples of 16). A CUDA graph replays kernels recorded with fixed addresses and "
-            "shapes, so every input lives in a fixed buffer, the block table at its full "
-            "width, and a step's token count is padded up to a captured size "
-            "(vllm/config/compilation.py, cudagraph_capture_sizes); above the largest, the "
-            "step runs without a graph (vllm/v1/cudagraph_dispatcher.py). "
-            "minipaged builds its tables per step (KVCacheManager.block_tables) and has no "
-            "graphs."),
+        "One step of vLLM v1: the scheduler gives each request some tokens within one token "
+        "budget, prefill chunks and decodes mixed. The model runner keeps a persistent batch: "
+        "request state and a zero-filled int32 block table [max_num_reqs, cdiv(max_model_len, BS)] "
+        "in buffers allocated once and updated in place (vllm/v1/worker/gpu_input_batch.py, "
+        "vllm/v1/worker/block_table.py; CpuGpuBuffer in vllm/v1/utils.py). Attention is one varlen "
+        "FlashAttention call for all the step's tokens: queries packed by cu_seqlens_q, K/V read "
+        "from the paged cache through block_table and seqused_k "
+        "(vllm/v1/attention/backends/flash_attn.py; kernel block sizes: multiples of 16). A CUDA "
+        "graph replays kernels recorded with fixed addresses and shapes, so every input lives in a "
+        "fixed buffer, the block table at its full width, and a step's token count is padded up to "
+        "a captured size (vllm/config/compilation.py, cudagraph_capture_sizes); above the largest, "
+        "the step runs without a graph (vllm/v1/cudagraph_dispatcher.py). minipaged builds its "
+        "tables per step (KVCacheManager.block_tables) and has no graphs.",
         figures=[
             ("CUDA-graph sizes captured by default (max 512)", f"{len(sizes)}"),
             *((f"a step of {n} tokens runs the graph of", "no graph" if s is None else str(s))
@@ -126,18 +120,17 @@ def num_gpu_blocks(ctx: Context) -> Answer:
     budgets = {u: memory.default_kv_cache_bytes(p.model, p.gpu, gpu_memory_utilization=u)
                for u in (0.9, 0.92)}
     return Answer(
-        text=(
-            "vLLM measures instead of guessing. Each worker runs a profiling forward pass of "
-            "max_num_batched_tokens dummy tokens, measures what it needs besides the KV cache "
-            "(weights, the activation peak, non-torch memory; CUDA-graph memory too when "
-            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set), and gives the KV cache "
-            "gpu_memory_utilization x total memory minus that (vllm/v1/worker/gpu_worker.py, "
-            "determine_available_memory; 0.92 by default in vllm/config/cache.py; "
-            "kv_cache_memory_bytes replaces the rule). The bytes become "
-            "num_blocks = available // bytes per block (vllm/v1/core/kv_cache_utils.py, "
-            "get_kv_cache_config_from_groups), the smallest over the workers, and one block is "
-            "kept as the null block (vllm/v1/core/block_pool.py). minipaged's presets use the "
-            "same rule without a profile (activations taken as 0) and with 0.9."),
+        "vLLM measures instead of guessing. Each worker runs a profiling forward pass of "
+        "max_num_batched_tokens dummy tokens, measures what it needs besides the KV cache "
+        "(weights, the activation peak, non-torch memory; CUDA-graph memory too when "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set), and gives the KV cache "
+        "gpu_memory_utilization x total memory minus that (vllm/v1/worker/gpu_worker.py, "
+        "determine_available_memory; 0.92 by default in vllm/config/cache.py; "
+        "kv_cache_memory_bytes replaces the rule). The bytes become num_blocks = available // "
+        "bytes per block (vllm/v1/core/kv_cache_utils.py, get_kv_cache_config_from_groups), the "
+        "smallest over the workers, and one block is kept as the null block "
+        "(vllm/v1/core/block_pool.py). minipaged's presets use the same rule without a profile "
+        "(activations taken as 0) and with 0.9.",
         figures=[
             *((f"Llama-3-8B on an H100-80GB at {u}: blocks of 16 (activations 0)",
                f"{b // block:,} ({nbytes(b)})") for u, b in budgets.items()),
@@ -158,15 +151,13 @@ def tp_kv_heads(ctx: Context) -> Answer:
                     f"{memory.kv_preset('llama-3-8b').num_token_slots:,} / "
                     f"{memory.kv_preset('llama-3-8b', tp=8).num_token_slots:,}"))
     return Answer(
-        text=(
-            "Tensor parallelism splits attention by heads: each of TP GPUs computes its share "
-            "of the query heads and keeps the K/V of its own KV heads, so a token's KV bytes "
-            "per GPU divide by TP, and so does the block size in bytes; each GPU has its own "
-            "pool with the same block ids. With fewer KV heads than GPUs each GPU holds one "
-            "and heads are replicated: max(1, Hkv // TP) (vllm/config/model.py, "
-            "get_num_kv_heads; vllm/model_executor/layers/linear.py, QKVParallelLinear), so "
-            "past TP = Hkv the KV cache stops shrinking per GPU. More GPUs also leave more "
-            "memory per GPU after the weights: the token slots grow faster than TP."),
+        "Tensor parallelism splits attention by heads: each of TP GPUs computes its share of the "
+        "query heads and keeps the K/V of its own KV heads, so a token's KV bytes per GPU divide "
+        "by TP, and so does the block size in bytes; each GPU has its own pool with the same block "
+        "ids. With fewer KV heads than GPUs each GPU holds one and heads are replicated: max(1, "
+        "Hkv // TP) (vllm/config/model.py, get_num_kv_heads; vllm/model_executor/layers/linear.py, "
+        "QKVParallelLinear), so past TP = Hkv the KV cache stops shrinking per GPU. More GPUs also "
+        "leave more memory per GPU after the weights: the token slots grow faster than TP.",
         figures=figures,
         commands=["minipaged kv-calc --model llama-3-8b --tp 8",
                   "minipaged kv-calc --model llama-3-8b --tp 16"])
@@ -184,15 +175,13 @@ def fp8_kv(ctx: Context) -> Answer:
                         f"x 4K", f"{nbytes(p.kv_bytes_per_token)} / {p.num_token_slots:,} / "
                         f"{1e3 * t:.1f} ms"))
     return Answer(
-        text=(
-            "An fp8 KV cache stores K and V in one byte per element instead of two "
-            "(--kv-cache-dtype fp8 = fp8_e4m3, or fp8_e5m2: vllm/config/cache.py, "
-            "cache_dtype): twice the tokens in the same memory, and half the KV bytes a decode "
-            "step reads. K and V are scaled into fp8's range by per-layer scales, and the "
-            "kernel applies them as it reads (k_descale / v_descale in "
-            "vllm/v1/attention/backends/flash_attn.py). The cost is accuracy, model by model; "
-            "the weights keep their dtype. Decode time "
-            "falls less than KV bytes do, as the weights are read every step too."),
+        "An fp8 KV cache stores K and V in one byte per element instead of two (--kv-cache-dtype "
+        "fp8 = fp8_e4m3, or fp8_e5m2: vllm/config/cache.py, cache_dtype): twice the tokens in the "
+        "same memory, and half the KV bytes a decode step reads. K and V are scaled into fp8's "
+        "range by per-layer scales, and the kernel applies them as it reads (k_descale / v_descale "
+        "in vllm/v1/attention/backends/flash_attn.py). The cost is accuracy, model by model; the "
+        "weights keep their dtype. Decode time falls less than KV bytes do, as the weights are "
+        "read every step too.",
         figures=figures,
         commands=["minipaged kv-calc --model llama-3-8b --kv-dtype fp8"])
 
@@ -205,15 +194,14 @@ def mla(ctx: Context) -> Answer:
     mha = 2 * m.num_layers * m.num_kv_heads * m.head_size * m.dtype_bytes
     groups = (m.kv_lora_rank + m.qk_rope_head_dim) / (2 * m.head_size)
     return Answer(
-        text=(
-            "Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, section 2.1) caches "
-            "one compressed latent per token and layer, kv_lora_rank = 512 elements, plus a "
-            "64-element key carrying RoPE (qk_rope_head_dim), instead of K and V for 128 "
-            "heads: (d_c + d_h^R) x layers elements, the paper's Table 1. Keys and values are "
-            "expanded from the latent inside attention. vLLM stores it as one KV head of size "
-            "576 with no separate V (vllm/config/model.py, get_num_kv_heads returns 1 for "
-            "MLA; vllm/v1/kv_cache_interface.py, MLAAttentionSpec), so every tensor-parallel "
-            "rank holds the whole latent: TP does not divide it."),
+        "Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, section 2.1) caches one "
+        "compressed latent per token and layer, kv_lora_rank = 512 elements, plus a 64-element key "
+        "carrying RoPE (qk_rope_head_dim), instead of K and V for 128 heads: (d_c + d_h^R) x "
+        "layers elements, the paper's Table 1. Keys and values are expanded from the latent inside "
+        "attention. vLLM stores it as one KV head of size 576 with no separate V "
+        "(vllm/config/model.py, get_num_kv_heads returns 1 for MLA; vllm/v1/kv_cache_interface.py, "
+        "MLAAttentionSpec), so every tensor-parallel rank holds the whole latent: TP does not "
+        "divide it.",
         figures=[
             ("DeepSeek-V2 latent per token (60 layers, bf16)", nbytes(m.kv_bytes_per_token)),
             ("  K and V of 128 heads of 128 instead (MHA)", nbytes(mha)),

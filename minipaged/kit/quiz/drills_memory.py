@@ -32,15 +32,13 @@ def swap_ms(tokens: int, block_size: int) -> str:
 def why_16(ctx: Context) -> Answer:
     sweep = ctx.block_sweep()["alpaca"]
     return Answer(
-        text=(
-            "Large enough that a warp's work per block and the table walk stay cheap, small "
-            "enough that the unused tail (BS/2 per sequence on average) stays small next to "
-            "short sequences. The paper (Fig. 18b, section 7.2): ShareGPT is fastest anywhere "
-            "from 16 to 128; Alpaca (short requests) does well at 16-32 and degrades with larger "
-            "blocks; vLLM defaults to 16 as good on most workloads. vLLM's legacy CUDA kernel is "
-            "a template instantiated for 8, 16 and 32 only, to cut compile time (csrc/attention/"
-            "); the v1 engine accepts more (its FlashAttention backend: any multiple of 16, "
-            "vllm/v1/attention/backends/flash_attn.py)."),
+        "Large enough that a warp's work per block and the table walk stay cheap, small enough "
+        "that the unused tail (BS/2 per sequence on average) stays small next to short sequences. "
+        "The paper (Fig. 18b, section 7.2): ShareGPT is fastest anywhere from 16 to 128; Alpaca "
+        "(short requests) does well at 16-32 and degrades with larger blocks; vLLM defaults to 16 "
+        "as good on most workloads. vLLM's legacy CUDA kernel is a template instantiated for 8, 16 "
+        "and 32 only, to cut compile time (csrc/attention/); the v1 engine accepts more (its "
+        "FlashAttention backend: any multiple of 16, vllm/v1/attention/backends/flash_attn.py).",
         figures=[
             *((f"Alpaca, BS {bs}: avg batch / tokens per s",
                f"{sweep[bs]['avg_batch_size']:.1f} / {sweep[bs]['throughput_tokens_per_s']:.0f}")
@@ -60,15 +58,13 @@ def block_size_limits(ctx: Context) -> Answer:
     figures += [(f"BS {bs}: swap a 2048-token sequence out", swap_ms(2048, bs))
                 for bs in (1, 16, 256)]
     return Answer(
-        text=(
-            "Small blocks: each block costs a table lookup and a scattered read, a warp "
-            "processes one block at a time, and swapping makes one small copy per block. Large "
-            "blocks: the unused tail grows, fewer prefixes are shareable (only full blocks "
-            "are cached), and in vLLM's v0 kernel a warp's lanes split a block's tokens into "
-            "thread groups, so the block size is a template parameter (instantiated for 8, 16, "
-            "32; csrc/attention/attention_kernels.cuh). FlashAttention's upstream paged path "
-            "requires multiples of 256 (flash_attn_with_kvcache); vLLM's fork and its v1 "
-            "backend take multiples of 16."),
+        "Small blocks: each block costs a table lookup and a scattered read, a warp processes one "
+        "block at a time, and swapping makes one small copy per block. Large blocks: the unused "
+        "tail grows, fewer prefixes are shareable (only full blocks are cached), and in vLLM's v0 "
+        "kernel a warp's lanes split a block's tokens into thread groups, so the block size is a "
+        "template parameter (instantiated for 8, 16, 32; csrc/attention/attention_kernels.cuh). "
+        "FlashAttention's upstream paged path requires multiples of 256 (flash_attn_with_kvcache); "
+        "vLLM's fork and its v1 backend take multiples of 16.",
         figures=figures,
         commands=["minipaged bench kernel --help", ctx.sim_command(block_size=256)])
 
@@ -79,11 +75,10 @@ def capacity(ctx: Context) -> Answer:
     r = memory.kv_calc(memory.preset("opt-13b"), context_len=2048)
     lens = ctx.final_lens("sharegpt")
     return Answer(
-        text=(
-            "OPT-13B on an A100-40GB keeps about 12 GiB for the KV cache after 26 GB of "
-            "weights (the paper's Table 1). At 800 KiB per token that is about 15.7K token "
-            "slots: only a handful of requests if each reserves the maximum length, several "
-            "times more if each holds only what it uses."),
+        "OPT-13B on an A100-40GB keeps about 12 GiB for the KV cache after 26 GB of weights (the "
+        "paper's Table 1). At 800 KiB per token that is about 15.7K token slots: only a handful of "
+        "requests if each reserves the maximum length, several times more if each holds only what "
+        "it uses.",
         figures=[
             ("KV bytes per token", nbytes(r["kv_bytes_per_token"])),
             ("token slots in 12 GiB", f"{r['token_slots']:,}"),
@@ -100,15 +95,14 @@ def gqa(ctx: Context) -> Answer:
     p = memory.preset("llama-3-8b")
     mha = 2 * m.num_layers * m.num_heads * m.head_size * m.dtype_bytes
     return Answer(
-        text=(
-            "The cache stores K and V per KV head, so GQA divides it by H / Hkv (4 for "
-            "Llama-3-8B: 32 query heads share 8 KV heads). Four times the tokens fit, so four "
-            "times the batch, or four times the context. Query head h reads KV head "
-            "h // (H / Hkv). vLLM's legacy paged kernel runs one thread block per query head "
-            "(grid (num_heads, num_seqs, partitions), csrc/attention/attention_kernels.cuh), so "
-            "each re-reads its KV head (reuse only through the L2 cache); FlashAttention and "
-            "FlashInfer load a KV head once for its whole group of query heads. minipaged's "
-            "kernel (cuda/paged_attention.cu) does as vLLM's: one thread block per query head."),
+        "The cache stores K and V per KV head, so GQA divides it by H / Hkv (4 for Llama-3-8B: 32 "
+        "query heads share 8 KV heads). Four times the tokens fit, so four times the batch, or "
+        "four times the context. Query head h reads KV head h // (H / Hkv). vLLM's legacy paged "
+        "kernel runs one thread block per query head (grid (num_heads, num_seqs, partitions), "
+        "csrc/attention/attention_kernels.cuh), so each re-reads its KV head (reuse only through "
+        "the L2 cache); FlashAttention and FlashInfer load a KV head once for its whole group of "
+        "query heads. minipaged's kernel (cuda/paged_attention.cu) does as vLLM's: one thread "
+        "block per query head.",
         figures=[
             ("Llama-3-8B KV per token (8 KV heads)", nbytes(m.kv_bytes_per_token)),
             ("  the same model with 32 KV heads (MHA)", nbytes(mha)),
@@ -130,11 +124,10 @@ def decode_traffic(ctx: Context) -> Answer:
                         f"{nbytes(batch * 1000 * p.model.kv_bytes_per_token)} / "
                         f"{1e3 * t:.1f} ms / {batch / t:.0f}"))
     return Answer(
-        text=(
-            "A decode step reads every weight once whatever the batch, plus every running "
-            "sequence's KV. Both are memory-bound, so a step of 32 sequences costs far less "
-            "than 4 steps of 8: throughput grows with the batch, and the batch is limited by "
-            "KV memory. That is the whole case for wasting less of it."),
+        "A decode step reads every weight once whatever the batch, plus every running sequence's "
+        "KV. Both are memory-bound, so a step of 32 sequences costs far less than 4 steps of 8: "
+        "throughput grows with the batch, and the batch is limited by KV memory. That is the whole "
+        "case for wasting less of it.",
         figures=figures,
         commands=[ctx.sim_command(policy="orca-max"), ctx.sim_command(policy="paged")])
 
@@ -152,15 +145,14 @@ def swap_vs_recompute(ctx: Context) -> Answer:
         figures.append((f"ShareGPT, 2 GiB KV, 2 req/s, {mode}: preemptions / normalized latency",
                         f"{r.num_preemptions} / {r.normalized_latency_s_per_token:.3f} s/token"))
     return Answer(
-        text=(
-            "Swap copies a preempted group's blocks to a CPU pool over PCIe and back; "
-            "recompute drops them and re-runs prompt + generated tokens as one prefill later. "
-            "Swapping pays per block copied (small blocks: many small copies), recomputation "
-            "pays compute that does not depend on the block size. The paper (Fig. 19) finds "
-            "them comparable for blocks of 16-64. vLLM v0 by default recomputed single-sequence "
-            "groups and swapped groups of several sequences (beam search, n > 1), which it could "
-            "not recompute (vllm/core/scheduler.py, _preempt); the v1 engine only recomputes "
-            "(vllm/v1/core/sched/scheduler.py). minipaged does either, as configured."),
+        "Swap copies a preempted group's blocks to a CPU pool over PCIe and back; recompute drops "
+        "them and re-runs prompt + generated tokens as one prefill later. Swapping pays per block "
+        "copied (small blocks: many small copies), recomputation pays compute that does not depend "
+        "on the block size. The paper (Fig. 19) finds them comparable for blocks of 16-64. vLLM v0 "
+        "by default recomputed single-sequence groups and swapped groups of several sequences "
+        "(beam search, n > 1), which it could not recompute (vllm/core/scheduler.py, _preempt); "
+        "the v1 engine only recomputes (vllm/v1/core/sched/scheduler.py). minipaged does either, "
+        "as configured.",
         figures=figures,
         commands=[ctx.sim_command(**PRESSURE_RUN, preemption_mode=m)
                   for m in ("swap", "recompute")] + ["minipaged check 11"])

@@ -33,17 +33,15 @@ def spec_decode(ctx: Context) -> Answer:
     m.rollback("r", 3)                      # the target model accepts 2 of them
     held.append(len(m.block_table("r")))
     return Answer(
-        text=(
-            "A draft (a small model, n-gram lookup, EAGLE heads) proposes k tokens; the target "
-            "model scores all k in one forward pass, which needs a slot for every draft token "
-            "(lookahead slots) and writes their K/V; it accepts a prefix of them and samples "
-            "one more. The rejected tokens' slots must come back. minipaged's "
-            "KVCacheManager.rollback(seq_id, n) gives them back and frees blocks left empty; "
-            "a shared block is copied before the next write. vLLM v1 allocates the draft "
-            "tokens' slots in allocate_slots (num_lookahead_tokens too), caches only verified "
-            "tokens (vllm/v1/core/kv_cache_manager.py), and on rejection moves "
-            "num_computed_tokens back, keeping the blocks for the next step "
-            "(vllm/v1/core/sched/scheduler.py, update_from_output)."),
+        "A draft (a small model, n-gram lookup, EAGLE heads) proposes k tokens; the target model "
+        "scores all k in one forward pass, which needs a slot for every draft token (lookahead "
+        "slots) and writes their K/V; it accepts a prefix of them and samples one more. The "
+        "rejected tokens' slots must come back. minipaged's KVCacheManager.rollback(seq_id, n) "
+        "gives them back and frees blocks left empty; a shared block is copied before the next "
+        "write. vLLM v1 allocates the draft tokens' slots in allocate_slots (num_lookahead_tokens "
+        "too), caches only verified tokens (vllm/v1/core/kv_cache_manager.py), and on rejection "
+        "moves num_computed_tokens back, keeping the blocks for the next step "
+        "(vllm/v1/core/sched/scheduler.py, update_from_output).",
         figures=[("30 tokens at BS 16: blocks held / with 5 drafts / 3 rejected, rolled back",
                   " / ".join(map(str, held))),
                  ("free blocks after the rollback", f"{m.num_free_blocks} of {m.num_blocks}")],
@@ -65,16 +63,15 @@ def sliding_window(ctx: Context) -> Answer:
     win = window_blocks(32768, 1024, 16)
     hybrid = (full + 5 * win) / 6
     return Answer(
-        text=(
-            "A sliding-window layer attends to the last W tokens only, so blocks wholly "
-            "before the window can be freed while the request runs: vLLM's "
-            "SlidingWindowManager frees them and puts the null block in their table entries "
-            "(vllm/v1/core/single_type_kv_cache_manager.py). A hybrid model mixes layer types "
-            "(Gemma 3: five 1024-token sliding-window layers per full one, arXiv 2503.19786): "
-            "vLLM groups the layers by type, gives each group its own block table from one "
-            "shared pool with one page size, and a request's blocks per group follow that "
-            "group's rule (vllm/v1/core/kv_cache_coordinator.py HybridKVCacheCoordinator; "
-            "vllm/v1/core/kv_cache_utils.py). minipaged has full attention only."),
+        "A sliding-window layer attends to the last W tokens only, so blocks wholly before the "
+        "window can be freed while the request runs: vLLM's SlidingWindowManager frees them and "
+        "puts the null block in their table entries "
+        "(vllm/v1/core/single_type_kv_cache_manager.py). A hybrid model mixes layer types (Gemma "
+        "3: five 1024-token sliding-window layers per full one, arXiv 2503.19786): vLLM groups the "
+        "layers by type, gives each group its own block table from one shared pool with one page "
+        "size, and a request's blocks per group follow that group's rule "
+        "(vllm/v1/core/kv_cache_coordinator.py HybridKVCacheCoordinator; "
+        "vllm/v1/core/kv_cache_utils.py). minipaged has full attention only.",
         figures=[
             ("32K context, BS 16: blocks per full-attention layer", f"{full:,}"),
             ("  per 1024-token sliding-window layer", f"{win:,}"),
@@ -91,16 +88,14 @@ def offload_disagg(ctx: Context) -> Answer:
     cost = CostModel.for_preset(p)
     kv = 2048 * p.kv_bytes_per_token
     return Answer(
-        text=(
-            "v0's swap moved a preempted group's blocks to CPU memory and back; the v1 engine "
-            "only recomputes. What moves KV now is a connector beside the engine "
-            "(vllm/distributed/kv_transfer/kv_connector/v1/): KV offloading copies blocks to "
-            "CPU memory or storage and loads them back on a prefix hit, like swap but for "
-            "reuse, not preemption (offloading_connector.py, vllm/v1/kv_offload/); "
-            "disaggregated prefill runs prompts on prefill instances and ships their KV to "
-            "decode instances (nixl/ connector), so long prefills never stall decodes "
-            "(DistServe, arXiv 2401.09670; Splitwise, arXiv 2311.18677). Both pay bytes for "
-            "compute, the trade the paper's Fig. 19 measured for swap."),
+        "v0's swap moved a preempted group's blocks to CPU memory and back; the v1 engine only "
+        "recomputes. What moves KV now is a connector beside the engine "
+        "(vllm/distributed/kv_transfer/kv_connector/v1/): KV offloading copies blocks to CPU "
+        "memory or storage and loads them back on a prefix hit, like swap but for reuse, not "
+        "preemption (offloading_connector.py, vllm/v1/kv_offload/); disaggregated prefill runs "
+        "prompts on prefill instances and ships their KV to decode instances (nixl/ connector), so "
+        "long prefills never stall decodes (DistServe, arXiv 2401.09670; Splitwise, arXiv "
+        "2311.18677). Both pay bytes for compute, the trade the paper's Fig. 19 measured for swap.",
         figures=[
             ("Llama-3-8B, a 2048-token prompt: KV bytes", nbytes(kv)),
             ("  over PCIe at the cost model's 25 GB/s", f"{1e3 * kv / p.gpu.pcie_bw:.1f} ms"),
@@ -124,15 +119,13 @@ def beam_outside(ctx: Context) -> Answer:
     before = cow.seq_len("beam")
     cow.append_slot("beam", beam[-1])            # fork + copy-on-write: only the new token
     return Answer(
-        text=(
-            "The paper's engine (early vLLM v0) ran beam search inside: beams were sequences "
-            "of one group, forked with copy-on-write. The v1 engine core has no beams: "
-            "LLM.beam_search (vllm/entrypoints/generate/beam_search/offline.py) sends one "
-            "max_tokens=1 request per beam and step, asks for 2 x beam_width logprobs, keeps "
-            "the best beams itself, and relies on prefix caching to find the shared history "
-            "again: full blocks come back by hash, the partly filled last block is computed "
-            "again every step. minipaged keeps the paper's way (sharing/sampling.py "
-            "BeamSearch: fork and copy-on-write)."),
+        "The paper's engine (early vLLM v0) ran beam search inside: beams were sequences of one "
+        "group, forked with copy-on-write. The v1 engine core has no beams: LLM.beam_search "
+        "(vllm/entrypoints/generate/beam_search/offline.py) sends one max_tokens=1 request per "
+        "beam and step, asks for 2 x beam_width logprobs, keeps the best beams itself, and relies "
+        "on prefix caching to find the shared history again: full blocks come back by hash, the "
+        "partly filled last block is computed again every step. minipaged keeps the paper's way "
+        "(sharing/sampling.py BeamSearch: fork and copy-on-write).",
         figures=[
             (f"a beam of {len(beam)} tokens at BS 16, sent again: tokens found / computed",
              f"{found} / {len(beam) - found}"),
@@ -149,17 +142,15 @@ def alternatives(ctx: Context) -> Answer:
     m = memory.kv_preset("llama-3-8b").model
     per_layer_k = m.num_kv_heads * m.head_size * m.dtype_bytes
     return Answer(
-        text=(
-            "The indirection costs: the paper's paged kernel was 20-26% slower than "
-            "FasterTransformer's attention (section 7.1, Fig. 18a), from table lookups, extra "
-            "branches and variable lengths, on attention only. vAttention (Prabhu et al., "
-            "arXiv 2405.04437) keeps each request's KV contiguous in virtual memory and maps "
-            "physical memory in on demand with CUDA's virtual memory APIs, so unmodified "
-            "kernels run on it; its critique is that paging needs rewritten kernels and a "
-            "memory manager. Its own costs: physical memory is mapped in pages (2 MiB with "
-            "CUDA's default granularity; the paper adds smaller ones) and virtual space is "
-            "reserved up front. Today's fast kernels (FlashAttention, FlashInfer) read paged "
-            "caches natively."),
+        "The indirection costs: the paper's paged kernel was 20-26% slower than "
+        "FasterTransformer's attention (section 7.1, Fig. 18a), from table lookups, extra branches "
+        "and variable lengths, on attention only. vAttention (Prabhu et al., arXiv 2405.04437) "
+        "keeps each request's KV contiguous in virtual memory and maps physical memory in on "
+        "demand with CUDA's virtual memory APIs, so unmodified kernels run on it; its critique is "
+        "that paging needs rewritten kernels and a memory manager. Its own costs: physical memory "
+        "is mapped in pages (2 MiB with CUDA's default granularity; the paper adds smaller ones) "
+        "and virtual space is reserved up front. Today's fast kernels (FlashAttention, FlashInfer) "
+        "read paged caches natively.",
         figures=[
             ("cost model: extra KV traffic of a paged read at BS 16 (set by Fig. 18a)",
              f"+{pct(c.block_overhead_tokens / 16)}"),
