@@ -5,18 +5,14 @@ strong interviewer asks, with every number in every answer computed as it prints
 package (the calculator, cost model and simulator in ``minipaged/sim/``, the block managers,
 the attention code). The package, in reading order:
 
-    answer.py            the interview answer (a model answer to "explain vLLM's
-                         PagedAttention" that the course fact-checks), as data
-    context.py           what the drills and the fact-check share: one Context of
-                         measurements, pct and nbytes, Drill and Answer, Finding
+    answer.py            the interview answer (a model answer the course fact-checks), as data
+    context.py           one Context of measurements; pct, nbytes, Drill, Answer, Finding
     factcheck.py         every claim of the interview answer, measured, with one verdict
-    drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
+    drills_answer.py     the interview answer's question, follow-ups, pitfalls and claims
     drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
     drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
     drills_engine.py     interviewer drills: vLLM v1's engine and pool, a token's KV bytes
-    drills_systems.py    interviewer drills: speculation, sliding windows, offloading, beams
-                         outside the engine, critiques; its DRILLS gathers them with the
-                         engine's
+    drills_systems.py    interviewer drills: speculation, windows, offloading, beams, critiques
     glossary.py          the course's vocabulary in English and Chinese
 
 This module runs the drills: one at a time in a terminal (a key reveals each answer), all at
@@ -40,7 +36,6 @@ DRILLS: tuple[Drill, ...] = (drills_answer.DRILLS + drills_memory.DRILLS + drill
 
 __all__ = ["DRILLS", "Answer", "Context", "Drill", "answer_renderable", "decode_key", "nbytes",
            "pct", "run_quiz", "select", "wait_key"]
-
 
 
 def select(drills: list[Drill], only: list[str] | None) -> list[Drill]:

@@ -16,6 +16,8 @@ from minipaged import KVCacheManager, dense_attention, paged_attention
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
 from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, drill, nbytes, pct
+from minipaged.kit.quiz.factcheck import one_sequence_waste
+from minipaged.paged.paged_attention import gather_kv
 from minipaged.sim import memory
 
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
@@ -88,12 +90,7 @@ def follow_up_1(ctx: Context) -> Answer:
 
 @drill("follow-up-2", *FOLLOW_UPS[1], source="follow-up 2")
 def follow_up_2(ctx: Context) -> Answer:
-    waste = {}
-    for bs in (32, 16):      # one finished 33-token sequence, read from a real manager
-        m = KVCacheManager(cdiv(33, bs) + 1, bs)
-        m.allocate("r", list(range(33)))
-        u = m.usage({"r": 33})
-        waste[bs] = (u.internal_fragmentation, u.token + u.reserved + u.internal_fragmentation)
+    waste = {bs: one_sequence_waste(33, bs) for bs in (32, 16)}
     return Answer(
         "Doubling the block size halves the block table and the number of blocks a decode step "
         "walks, and doubles the worst-case unused tail (up to BS-1 slots per sequence; BS/2 on "
@@ -119,8 +116,7 @@ def follow_up_3(ctx: Context) -> Answer:
     table = rng.permutation(nb)[: cdiv(n, bs)].astype(np.int32)[None]    # [1, MB]
     q = rng.standard_normal((1, h, d)).astype(np.float32)                # [1, H, D]
     out = paged_attention(q, kc, vc, table, np.array([n], np.int32), method="online")
-    k = kc[table[0]].transpose(0, 2, 1, 3).reshape(-1, hkv, d)[:n]       # [T, Hkv, D]
-    v = vc[table[0]].transpose(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+    k, v = gather_kv(kc, vc, table[0], n)                                # [T, Hkv, D]
     return Answer(
         "Yes, they compose: FlashAttention already walks K/V tile by tile with an online softmax, "
         "and a page is just a tile whose address comes from the block table. The frictions are "

@@ -1,18 +1,17 @@
 """A measured fact-check of the interview answer about PagedAttention (``minipaged factcheck``).
 
 What this teaches: to trust a number only after measuring it. For every checkable claim of the
-interview answer (``answer.py``), in its order, one check runs the project's own instruments
-(the simulator's experiments through the shared ``Context``, ``kv-calc``'s arithmetic, the real
-block managers), or cites the source where there is nothing to measure (``sourced``), and
-returns a ``Finding`` (``context.py``) with one verdict:
+interview answer (``answer.py``), in its order (where KV memory goes, sharing, preemption, what
+paging buys, then the block's size, its table and the kernels that read it), one check runs the
+project's own instruments (the simulator's experiments through the shared ``Context``,
+``kv-calc``'s arithmetic, the real block managers), or cites the source where there is nothing
+to measure (``sourced``), and returns a ``Finding`` (``context.py``) with one verdict:
 
     holds        what we measure (or the paper reports) agrees
     off          it disagrees: the right figure is given
     unsupported  neither the paper nor the code says so, and our measurements do not back it
 
-The claims run from where KV memory goes (the paper's Fig. 2), sharing and preemption and what
-paging buys (Figs. 12-13), to the block's size, its table and the kernels that read it. The
-quiz's drills print these very findings (``Context.verdicts``): one verdict per claim.
+The quiz's drills print these very findings (``Context.verdicts``): one verdict per claim.
 Read before: ``sim/experiments.py``. Read next: ``drills_answer.py``.
 Lesson: ``lessons/10_factcheck.py``.
 """
@@ -25,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from minipaged import ContiguousKVCache, KVCacheManager
+from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import CLAIMS
 from minipaged.kit.quiz.context import VERDICTS, Context, Finding, canonical, finding, pct
 from minipaged.sim import memory
@@ -46,6 +46,15 @@ def check(fn: Callable[[Context], Finding]) -> Callable[[Context], Finding]:
 def sourced(claim_id: str, measured: str, verdict: str, right: str) -> None:
     """Register a claim checked against its sources alone: there is nothing to measure."""
     CHECKS[claim_id] = lambda ctx: finding(claim_id, measured, verdict, right)
+
+
+def one_sequence_waste(num_tokens: int, block_size: int) -> tuple[int, int]:
+    """(unused slots, slots allocated) of one finished sequence of ``num_tokens`` in a paged
+    cache, read from a real ``KVCacheManager``: the unused slots are its last block's tail."""
+    m = KVCacheManager(cdiv(num_tokens, block_size) + 1, block_size)
+    m.allocate("r", list(range(num_tokens)))
+    u = m.usage({"r": num_tokens})
+    return u.internal_fragmentation, u.used
 
 
 @check
@@ -250,10 +259,8 @@ def block_32_example(ctx: Context) -> Finding:
     contig = c.usage().internal_fragmentation / 64
     waste = {}
     for bs in (16, 32):
-        m = KVCacheManager(8, bs)
-        m.allocate("r", list(range(33)))
-        u = m.usage({"r": 33})
-        waste[bs] = u.internal_fragmentation / (u.used or 1)
+        unused, allocated = one_sequence_waste(33, bs)
+        waste[bs] = unused / allocated
     return finding(
         "block-32-example", f"contiguous max-64: {pct(contig)} wasted; paged block 32: "
         f"{pct(waste[32])}; paged block 16: {pct(waste[16])} (unused slots / slots allocated)",
