@@ -1,17 +1,11 @@
-"""Interviewer drills on vLLM v1's engine and its pool: chunked prefill, one engine step, the
-size of the pool, and the bytes of a token's KV under tensor parallelism, fp8 and MLA.
+"""Interviewer drills on vLLM v1's engine and its pool: chunked prefill, one engine step, how
+vLLM sizes the pool, and what tensor parallelism, an fp8 cache and MLA do to a token's KV bytes
+(each makes them smaller per GPU, at its own cost).
 
-How vLLM v1 schedules a step (one token budget, prefill chunks beside decodes), what one engine
-step does around the paged cache (the persistent batch, one varlen FlashAttention call, CUDA
-graphs that fix the block table's width), and how vLLM decides how many blocks its pool has.
-Then three ways to make each token's KV smaller on a GPU, and what each costs: split the KV
-heads over tensor-parallel GPUs (until there are fewer heads than GPUs), store K and V in one
-byte per element (at some accuracy), or cache DeepSeek's compressed latent instead of K and V
-(which tensor parallelism then cannot divide). Every figure is computed as it prints: by the
-scheduler with the simulator's stand-in model (``sim/executor.py``), the calculator
-(``sim/memory.py``, ``minipaged kv-calc``), the cost model (``sim/cost.py``), and the one vLLM
-formula the package has no function for (``capture_sizes``), written here with where it comes
-from. Every claim about vLLM names its file in vLLM 0.32.
+Figures come from the scheduler with the simulator's stand-in model (``sim/executor.py``), the
+calculator (``sim/memory.py``, ``minipaged kv-calc``) and the cost model (``sim/cost.py``); the
+one vLLM formula the package has no function for (``capture_sizes``) is written here with where
+it comes from. Every claim about vLLM names its file in vLLM 0.32.
 Read before: ``drills_mechanics.py``. Read next: ``drills_systems.py``.
 """
 

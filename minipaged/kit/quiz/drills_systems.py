@@ -1,13 +1,11 @@
 """Interviewer drills on what serving systems built around PagedAttention since the paper.
 
-The systems drills, in quiz order: vLLM v1's engine, its pool and a token's KV bytes
-(``drills_engine.py``), then this module's: speculative decoding's rollback, sliding-window
-and hybrid managers, KV offloading and disaggregated prefill, beam search outside the engine
-core, and the critiques (vAttention; the cost of the indirection). ``DRILLS`` here gathers all
-of them. Every figure is computed as it prints: by the block managers, the calculator
-(``sim/memory.py``, ``minipaged kv-calc``) and the cost model; the one vLLM formula the package
-has no function for (``window_blocks``) is a small function here that says where it comes from.
-Every claim about vLLM names its file in vLLM 0.32.
+Speculative decoding's rollback, sliding-window and hybrid managers, KV offloading and
+disaggregated prefill, beam search outside the engine core, and the critiques (vAttention; the
+cost of the indirection). ``DRILLS`` here gathers them after ``drills_engine.py``'s: all the
+systems drills, in quiz order. Figures come from the block managers, the calculator and the
+cost model; the one vLLM formula the package has no function for (``window_blocks``) is written
+here with where it comes from. Every claim about vLLM names its file in vLLM 0.32.
 Read before: ``drills_engine.py``. Read next: ``glossary.py``.
 """
 
