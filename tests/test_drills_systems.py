@@ -1,6 +1,6 @@
 """The systems drills (``minipaged/kit/quiz/drills_systems.py``, which gathers those of
-``drills_engine.py`` and ``drills_kv_bytes.py``): what interviews ask beyond the paper, each
-answer computed by the package.
+``drills_engine.py``): what interviews ask beyond the paper, each answer computed by the
+package.
 
 What is promised, and tested here:
 - one drill per topic (chunked prefill, the v1 engine, num_gpu_blocks, TP, fp8, MLA,

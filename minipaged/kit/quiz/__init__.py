@@ -5,20 +5,14 @@ strong interviewer asks, with every number in every answer computed as it prints
 package (the calculator, cost model and simulator in ``minipaged/sim/``, the block managers,
 the attention code). The package, in reading order:
 
-    answer.py            the interview answer (a model answer to "explain vLLM's
-                         PagedAttention" that the course fact-checks), as data
-    context.py           what the drills and the fact-check share: one Context of
-                         measurements, pct and nbytes, Answer and Finding
-    factcheck.py         every claim of the interview answer, measured, with one verdict;
-                         its checks in factcheck_memory.py (where memory goes, sharing,
-                         batching) and factcheck_blocks.py (block size, tables, kernels)
-    drills_answer.py     drills on the interview answer's question, follow-ups and pitfalls
+    answer.py            the interview answer (a model answer the course fact-checks), as data
+    context.py           one Context of measurements; pct, nbytes, Drill, Answer, Finding
+    factcheck.py         every claim of the interview answer, measured, with one verdict
+    drills_answer.py     the interview answer's question, follow-ups, pitfalls and claims
     drills_memory.py     interviewer drills: block size, capacity, GQA, traffic, preemption
     drills_mechanics.py  interviewer drills: kernel layout and grid, tables, sharing
-    drills_engine.py     interviewer drills: vLLM v1's scheduling, engine step, pool size
-    drills_kv_bytes.py   interviewer drills: a token's KV bytes under TP, fp8, MLA
-    drills_systems.py    interviewer drills: speculation, sliding windows, offloading, beams
-                         outside the engine, critiques; its DRILLS gathers all three modules'
+    drills_engine.py     interviewer drills: vLLM v1's engine and pool, a token's KV bytes
+    drills_systems.py    interviewer drills: speculation, windows, offloading, beams, critiques
     glossary.py          the course's vocabulary in English and Chinese
 
 This module runs the drills: one at a time in a terminal (a key reveals each answer), all at
@@ -29,16 +23,19 @@ from __future__ import annotations
 
 import sys
 
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
 from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory, drills_systems
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import VERDICTS, Answer, Context, Drill, nbytes, pct
 
 DRILLS: tuple[Drill, ...] = (drills_answer.DRILLS + drills_memory.DRILLS + drills_mechanics.DRILLS
                              + drills_systems.DRILLS)
 
 __all__ = ["DRILLS", "Answer", "Context", "Drill", "answer_renderable", "decode_key", "nbytes",
            "pct", "run_quiz", "select", "wait_key"]
-
-VERDICT_STYLE = {"holds": "green", "off": "red", "unsupported": "yellow"}
 
 
 def select(drills: list[Drill], only: list[str] | None) -> list[Drill]:
@@ -58,10 +55,7 @@ def select(drills: list[Drill], only: list[str] | None) -> list[Drill]:
     return out
 
 
-def question_panel(i: int, total: int, d: Drill):
-    from rich.panel import Panel
-    from rich.text import Text
-
+def question_panel(i: int, total: int, d: Drill) -> Panel:
     body = Text()
     body.append(d.zh + "\n", style="bold")
     body.append(d.en)
@@ -69,11 +63,7 @@ def question_panel(i: int, total: int, d: Drill):
                  border_style="cyan")
 
 
-def answer_renderable(a: Answer):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
+def answer_renderable(a: Answer) -> Group:
     parts: list = [Text(a.text)]
     if a.figures:
         t = Table(title="measured now" + (f" ({a.run})" if a.run else ""),
@@ -86,7 +76,7 @@ def answer_renderable(a: Answer):
     for claim, verdict, why in a.verdicts:
         line = Text("the interview answer: ", style="bold")
         line.append(f"\u201c{claim}\u201d ")
-        line.append(f"[{verdict.upper()}]", style=f"bold {VERDICT_STYLE[verdict]}")
+        line.append(f"[{verdict.upper()}]", style=f"bold {VERDICTS[verdict]}")
         line.append(f" {why}")
         parts.append(line)
     if a.commands:
@@ -128,9 +118,7 @@ def wait_key(prompt: str) -> str:
 
 
 def run_quiz(drills: list[Drill], ctx: Context, *, answers: bool, interactive: bool,
-             console=None) -> int:
-    from rich.console import Console
-
+             console: Console | None = None) -> int:
     console = console or Console()
     for i, d in enumerate(drills, 1):
         console.print(question_panel(i, len(drills), d))

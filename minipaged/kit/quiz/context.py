@@ -8,9 +8,9 @@ lessons 04, 06, 07 and 10, ``minipaged quiz``, ``minipaged factcheck`` and the s
 them; a run of any other size says so the same way (tests/test_factcheck.py checks that every
 place states the same figure).
 
-Also here, the shapes of what they return: a drill's ``Answer``, and the fact-check's
-``Finding`` on one claim with its verdict (``VERDICTS``; ``finding`` builds one from the
-claim's id).
+Also here, the one way each thing is done: ``pct`` and ``nbytes`` format figures; ``drill``
+makes a ``Drill`` of the function that computes its ``Answer``; ``finding`` makes the
+fact-check's ``Finding`` on one claim, with one of the ``VERDICTS``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import CLAIMS
+from minipaged.sim import experiments, simulator, workloads
 
 # The canonical run configuration (see the module docstring).
 CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
 CANONICAL_SEED = 0
 BLOCK_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)   # the block-size sweep (experiment 4)
 PRESSURE_RUN = {"kv_cache_gb": 2.0, "request_rate": 2.0}   # "preemptions in a 2 GiB cache"
+
+# The fact-check's verdicts, each with the colour the quiz and the table print it in.
+VERDICTS = {"holds": "green", "off": "red", "unsupported": "yellow"}
 
 
 def pct(x: float) -> str:
@@ -34,11 +41,11 @@ def pct(x: float) -> str:
 
 def nbytes(n: float) -> str:
     """Bytes with a binary unit: 512 B, 8.00 KiB, 1.25 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.2f} PiB"
 
 
 @dataclass
@@ -55,14 +62,22 @@ class Answer:
 
 @dataclass(frozen=True)
 class Drill:
-    key: str                 # short id, e.g. "seed", "follow-up-1", "why-16"
-    source: str              # "interview answer" | "... follow-up N" | "... pitfall N" | ...
+    """A question in Chinese and English, and the function that answers it from a Context."""
+
+    key: str                 # short id, e.g. "question", "follow-up-1", "why-16"
+    source: str              # "the interview question" | "follow-up N" | "pitfall N" | ...
     zh: str
     en: str
     answer: Callable[[Context], Answer]
 
+    def __call__(self, ctx: Context) -> Answer:
+        return self.answer(ctx)
 
-VERDICTS = ("holds", "off", "unsupported")
+
+def drill(key: str, zh: str, en: str, source: str = "interviewer"):
+    """Decorator: the function, which computes an ``Answer`` from a ``Context``, becomes the
+    ``Drill`` that asks ``zh`` / ``en`` (still callable with a Context)."""
+    return lambda answer: Drill(key, source, zh, en, answer)
 
 
 @dataclass
@@ -113,60 +128,48 @@ class Context:
 
     def sim(self, **kw: Any):
         """``minipaged.sim.simulator.simulate`` with this context's size and seed."""
-        from minipaged.sim.simulator import SimConfig, simulate
-
-        kw.setdefault("num_requests", self.num_requests)
-        kw.setdefault("seed", self.seed)
-        return self.cached(("sim", *sorted(kw.items())), lambda: simulate(SimConfig(**kw)))
+        kw = {"num_requests": self.num_requests, "seed": self.seed, **kw}
+        return self.cached(("sim", *sorted(kw.items())),
+                           lambda: simulator.simulate(simulator.SimConfig(**kw)))
 
     def sim_command(self, **kw: Any) -> str:
-        """The ``minipaged simulate`` command line that reproduces ``sim(**kw)``."""
-        kw = {"workload": "sharegpt", "policy": "paged", "num_requests": self.num_requests,
-              "seed": self.seed, **kw}
-        order = ["workload", "policy", "num_requests", "seed", "block_size", "model",
-                 "kv_cache_gb", "n", "beam_width", "preemption_mode"]
-        flags = {"preemption_mode": "--preemption"}
-        parts = ["minipaged simulate"]
-        for k in order + sorted(set(kw) - set(order)):
-            if k in kw:
-                parts.append(f"{flags.get(k, '--' + k.replace('_', '-'))} {kw[k]}")
-        return " ".join(parts)
+        """The ``minipaged simulate`` command line that reproduces ``sim(**kw)``: workload,
+        policy, size and seed first, then the other options in alphabetical order."""
+        opts = {"workload": "sharegpt", "policy": "paged", "num_requests": self.num_requests,
+                "seed": self.seed, **dict(sorted(kw.items()))}
+        flag = {"preemption_mode": "preemption"}
+        return " ".join(["minipaged simulate", *(f"--{flag.get(k, k).replace('_', '-')} {v}"
+                                                 for k, v in opts.items())])
 
-    def final_lens(self, workload: str = "sharegpt"):
+    def final_lens(self, workload: str = "sharegpt") -> np.ndarray:
         """Final lengths (prompt + output) of at least 1000 synthetic requests, int64 [N]."""
-        import numpy as np
-
-        from minipaged.sim.workloads import synthetic
-
         def make():
-            reqs = synthetic(workload, max(self.num_requests, 1000), seed=self.seed)
+            reqs = workloads.synthetic(workload, max(self.num_requests, 1000), seed=self.seed)
             return np.array([r.prompt_len + r.output_len for r in reqs], dtype=np.int64)
         return self.cached(("final_lens", workload), make)
 
+    def unused_slots(self, block_size: int, workload: str = "sharegpt") -> np.ndarray:
+        """Slots left empty in each sequence's last block at ``block_size``, int64 [N]."""
+        lens = self.final_lens(workload)
+        return cdiv(lens, block_size) * block_size - lens
+
     def fig2(self) -> dict:
         """Experiment 1 (the paper's Fig. 2): KV usage of every policy while requests queue."""
-        from minipaged.sim.experiments import fig2
-
-        return self.cached(("fig2",), lambda: fig2(self.num_requests, self.seed))
+        return self.cached(("fig2",), lambda: experiments.fig2(self.num_requests, self.seed))
 
     def rates(self) -> dict:
         """Experiment 3: the highest request rate each policy sustains."""
-        from minipaged.sim.experiments import rates
-
-        return self.cached(("rates",), lambda: rates(self.num_requests, self.seed, iters=6))
+        return self.cached(("rates",),
+                           lambda: experiments.rates(self.num_requests, self.seed, iters=6))
 
     def block_sweep(self) -> dict:
         """Experiment 4 (Fig. 18b) on both workloads, the block sizes of ``BLOCK_SIZES``."""
-        from minipaged.sim.experiments import block_size
-
-        return self.cached(("blocks",), lambda: block_size(
+        return self.cached(("blocks",), lambda: experiments.block_size(
             self.num_requests, self.seed, sizes=BLOCK_SIZES, workloads=("sharegpt", "alpaca")))
 
     def sharing(self) -> dict:
         """Experiment 2 (Fig. 15) on Alpaca: {"parallel" | "beam": {2 | 4 | 6: saving}}."""
-        from minipaged.sim.experiments import sharing
-
-        return self.cached(("sharing",), lambda: sharing(
+        return self.cached(("sharing",), lambda: experiments.sharing(
             self.num_requests, self.seed, workloads=("alpaca",))["alpaca"])
 
     def pressure(self):
@@ -182,9 +185,9 @@ class Context:
             "best_alpaca_block_size": str(self.block_sweep()["alpaca"]["best_block_size"]),
         }
 
-    def finding(self, claim_id: str):
+    def finding(self, claim_id: str) -> Finding:
         """The fact-check's finding on one claim of the interview answer."""
-        from minipaged.kit.quiz import factcheck
+        from minipaged.kit.quiz import factcheck  # factcheck imports this module
 
         def make():
             f = factcheck.CHECKS[claim_id](self)

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged import KVCacheManager, dense_attention, paged_attention
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
-from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, drill, nbytes, pct
+from minipaged.kit.quiz.factcheck import one_sequence_waste
+from minipaged.paged.paged_attention import gather_kv
+from minipaged.sim import memory
 
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 
 
+@drill("question", *QUESTION, source="the interview question")
 def question(ctx: Context) -> Answer:
     f2, rates = ctx.fig2(), ctx.rates()
     figures = [(f"{p}: token states while requests queue / average batch",
@@ -27,16 +32,15 @@ def question(ctx: Context) -> Answer:
     figures += [(f"highest sustainable request rate, paged / {p}",
                  f"{rates[p]['paged_speedup']:.2f}x") for p in POLICIES[:3]]
     return Answer(
-        text=(
-            "Decode keeps every past token's K and V (the KV cache); a request's cache grows "
-            "one token at a time to a length nobody knows in advance. Reserving one contiguous "
-            "region per request wastes most of it: slots reserved for later, slots never used "
-            "(internal fragmentation), and free gaps too small for a new region (external). "
-            "PagedAttention cuts the cache into fixed-size blocks allocated on demand; each "
-            "sequence's block table maps logical block -> physical block like an OS page table; "
-            "the kernel reads K/V through it (slot = block * BS + offset). Waste is bounded by "
-            "one partly filled block per sequence, blocks can be shared (copy-on-write, prefix "
-            "caching), and the larger batch that fits is where the throughput comes from."),
+        "Decode keeps every past token's K and V (the KV cache); a request's cache grows one token "
+        "at a time to a length nobody knows in advance. Reserving one contiguous region per "
+        "request wastes most of it: slots reserved for later, slots never used (internal "
+        "fragmentation), and free gaps too small for a new region (external). PagedAttention cuts "
+        "the cache into fixed-size blocks allocated on demand; each sequence's block table maps "
+        "logical block -> physical block like an OS page table; the kernel reads K/V through it "
+        "(slot = block * BS + offset). Waste is bounded by one partly filled block per sequence, "
+        "blocks can be shared (copy-on-write, prefix caching), and the larger batch that fits is "
+        "where the throughput comes from.",
         figures=figures,
         commands=[f"minipaged experiment 1 --num-requests {ctx.num_requests}",
                   f"minipaged experiment 3 --num-requests {ctx.num_requests}",
@@ -53,25 +57,23 @@ def two_level_bytes(seq_len: int, max_context: int, block_size: int, leaf_size: 
     return (cdiv(mb, leaf_size) + cdiv(used, leaf_size) * leaf_size) * 4   # int32 entries
 
 
+@drill("follow-up-1", *FOLLOW_UPS[0], source="follow-up 1")
 def follow_up_1(ctx: Context) -> Answer:
-    from minipaged.sim.memory import MODELS, block_table_bytes
-
-    t128 = block_table_bytes(131072, 16)
-    t32 = block_table_bytes(32768, 16)
-    kv128 = MODELS["llama-3-8b"].kv_bytes_per_token * 131072
+    t128 = memory.block_table_bytes(131072, 16)
+    t32 = memory.block_table_bytes(32768, 16)
+    kv128 = memory.MODELS["llama-3-8b"].kv_bytes_per_token * 131072
     return Answer(
-        text=(
-            "One int32 entry per logical block: ceil(128K / 16) = 8192 entries. No status bits "
-            "are needed (how full the last block is follows from seq_len). Next to the KV cache "
-            "itself the table is negligible, which is why engines keep it flat: vLLM v1 holds "
-            "one persistent, zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] "
-            "(vllm/v1/worker/block_table.py). Optimisations if it ever mattered: int16 entries "
-            "while NB < 32768 (half the bytes), larger blocks, or a two-level table, which "
-            "saves memory only for short sequences in a table sized for the longest context."),
+        "One int32 entry per logical block: ceil(128K / 16) = 8192 entries. No status bits are "
+        "needed (how full the last block is follows from seq_len). Next to the KV cache itself the "
+        "table is negligible, which is why engines keep it flat: vLLM v1 holds one persistent, "
+        "zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] "
+        "(vllm/v1/worker/block_table.py). Optimisations if it ever mattered: int16 entries while "
+        "NB < 32768 (half the bytes), larger blocks, or a two-level table, which saves memory only "
+        "for short sequences in a table sized for the longest context.",
         figures=[
             ("block table, 128K tokens, BS 16, int32", nbytes(t128)),
             ("  the same with 8-byte entries (the answer's assumption)",
-             nbytes(block_table_bytes(131072, 16, entry_bytes=8))),
+             nbytes(memory.block_table_bytes(131072, 16, entry_bytes=8))),
             ("  x 1000 requests", nbytes(t128 * 1000)),
             ("block table, 32K tokens, x 1000 requests", nbytes(t32 * 1000)),
             ("KV cache of one 128K-token request, Llama-3-8B fp16", nbytes(kv128)),
@@ -86,36 +88,27 @@ def follow_up_1(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("block-table-128k", "block-table-32k"))
 
 
+@drill("follow-up-2", *FOLLOW_UPS[1], source="follow-up 2")
 def follow_up_2(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
-    waste = {}
-    for bs in (32, 16):      # one finished 33-token sequence, read from a real manager
-        m = KVCacheManager(cdiv(33, bs) + 1, bs)
-        m.allocate("r", list(range(33)))
-        u = m.usage({"r": 33})
-        waste[bs] = (u.internal_fragmentation, u.token + u.reserved + u.internal_fragmentation)
-    lens = ctx.final_lens("sharegpt")
+    waste = {bs: one_sequence_waste(33, bs) for bs in (32, 16)}
     return Answer(
-        text=(
-            "Doubling the block size halves the block table and the number of blocks a decode "
-            "step walks, and doubles the worst-case unused tail (up to BS-1 slots per "
-            "sequence; BS/2 on average). The paper (Fig. 18b) finds ShareGPT equally fast from "
-            "16 to 128 and Alpaca's short sequences slower with large blocks. In the answer's "
-            "33-token example, 48% and 94% are the same 31 unused slots over two denominators "
-            "(slots allocated, tokens held): nothing rises from one to the other."),
+        "Doubling the block size halves the block table and the number of blocks a decode step "
+        "walks, and doubles the worst-case unused tail (up to BS-1 slots per sequence; BS/2 on "
+        "average). The paper (Fig. 18b) finds ShareGPT equally fast from 16 to 128 and Alpaca's "
+        "short sequences slower with large blocks. In the answer's 33-token example, 48% and 94% "
+        "are the same 31 unused slots over two denominators (slots allocated, tokens held): "
+        "nothing rises from one to the other.",
         figures=[(f"33 tokens, BS {bs}: unused / allocated slots", f"{w}/{a} = {pct(w / a)}")
                  for bs, (w, a) in waste.items()]
         + [(f"ShareGPT-like lengths: mean unused slots per sequence, BS {bs}",
-            f"{float(np.mean(cdiv(lens, bs) * bs - lens)):.1f}") for bs in (16, 32)],
+            f"{float(np.mean(ctx.unused_slots(bs))):.1f}") for bs in (16, 32)],
         commands=[ctx.sim_command(block_size=16), ctx.sim_command(block_size=32),
                   "minipaged check 2   (paged_breakdown)"],
         verdicts=ctx.verdicts("block-32-example", "block-size-tradeoff"))
 
 
+@drill("follow-up-3", *FOLLOW_UPS[2], source="follow-up 3")
 def follow_up_3(ctx: Context) -> Answer:
-    from minipaged import dense_attention, paged_attention
-
     rng = np.random.default_rng(ctx.seed)
     bs, nb, hkv, h, d, n = 16, 12, 2, 8, 64, 150
     kc = rng.standard_normal((nb, hkv, bs, d)).astype(np.float32)        # [NB, Hkv, BS, D]
@@ -123,21 +116,19 @@ def follow_up_3(ctx: Context) -> Answer:
     table = rng.permutation(nb)[: cdiv(n, bs)].astype(np.int32)[None]    # [1, MB]
     q = rng.standard_normal((1, h, d)).astype(np.float32)                # [1, H, D]
     out = paged_attention(q, kc, vc, table, np.array([n], np.int32), method="online")
-    k = kc[table[0]].transpose(0, 2, 1, 3).reshape(-1, hkv, d)[:n]       # [T, Hkv, D]
-    v = vc[table[0]].transpose(0, 2, 1, 3).reshape(-1, hkv, d)[:n]
+    k, v = gather_kv(kc, vc, table[0], n)                                # [T, Hkv, D]
     return Answer(
-        text=(
-            "Yes, they compose: FlashAttention already walks K/V tile by tile with an online "
-            "softmax, and a page is just a tile whose address comes from the block table. The "
-            "frictions are practical: upstream flash_attn_with_kvcache takes block_table "
-            "[batch, max_blocks] but requires page_size to be a multiple of 256 (its docstring; "
-            "vLLM's fork, vllm-project/flash-attention, relaxes it to 16), and cache layouts "
-            "differ ([NB, BS, Hkv, D] there, [NB, Hkv, BS, D] in minipaged). vLLM v1 uses "
-            "exactly this: its FlashAttention backend reads the paged cache through the block "
-            "table (vllm/v1/attention/backends/flash_attn.py). FlashInfer takes the table as CSR "
-            "(kv_indptr, kv_indices, kv_last_page_len; its docs, 'KV-Cache Layout'). Below: "
-            "minipaged's block-by-block paged computation equals tiled dense attention exactly, "
-            "and plain attention to rounding."),
+        "Yes, they compose: FlashAttention already walks K/V tile by tile with an online softmax, "
+        "and a page is just a tile whose address comes from the block table. The frictions are "
+        "practical: upstream flash_attn_with_kvcache takes block_table [batch, max_blocks] but "
+        "requires page_size to be a multiple of 256 (its docstring; vLLM's fork, "
+        "vllm-project/flash-attention, relaxes it to 16), and cache layouts differ ([NB, BS, Hkv, "
+        "D] there, [NB, Hkv, BS, D] in minipaged). vLLM v1 uses exactly this: its FlashAttention "
+        "backend reads the paged cache through the block table "
+        "(vllm/v1/attention/backends/flash_attn.py). FlashInfer takes the table as CSR (kv_indptr, "
+        "kv_indices, kv_last_page_len; its docs, 'KV-Cache Layout'). Below: minipaged's "
+        "block-by-block paged computation equals tiled dense attention exactly, and plain "
+        "attention to rounding.",
         figures=[("max |paged online - dense(tile=16)|, 150 tokens, fp32",
                   f"{float(np.abs(out - dense_attention(q, k, v, tile=bs)).max()):.1e}"),
                  ("max |paged online - plain softmax|",
@@ -146,9 +137,8 @@ def follow_up_3(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("flashattention-compatible"))
 
 
+@drill("pitfall-concept", *PITFALLS[0], source="pitfall 1")
 def pitfall_concept(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     m = KVCacheManager(8, 16)
     m.allocate("parent", list(range(20)))           # 1 full block + 4 tokens in the second
     m.fork("parent", "child")
@@ -157,12 +147,11 @@ def pitfall_concept(ctx: Context) -> Answer:
     slot = m.append_slot("child", 7)
     copies = m.take_copies()
     return Answer(
-        text=(
-            "\"Pages for the KV cache\" is only the headline. Say how the mapping works (block "
-            "table: logical block -> physical block; slot = block * BS + offset, which the "
-            "kernel and reshape_and_cache use) and when copy-on-write triggers: when a sequence "
-            "writes into a block whose reference count is above 1. Only the last, partly "
-            "filled block of a shared prompt is ever copied; full blocks stay shared."),
+        "\"Pages for the KV cache\" is only the headline. Say how the mapping works (block table: "
+        "logical block -> physical block; slot = block * BS + offset, which the kernel and "
+        "reshape_and_cache use) and when copy-on-write triggers: when a sequence writes into a "
+        "block whose reference count is above 1. Only the last, partly filled block of a shared "
+        "prompt is ever copied; full blocks stay shared.",
         figures=[
             ("20-token prompt, BS 16, forked: child's table / ref counts",
              f"{before} / {counts}"),
@@ -175,66 +164,66 @@ def pitfall_concept(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("copy-on-write"))
 
 
+@drill("pitfall-block-size", *PITFALLS[1], source="pitfall 2")
 def pitfall_block_size(ctx: Context) -> Answer:
-    from minipaged.sim.memory import block_table_bytes
-
     lens = ctx.final_lens("sharegpt")
     figures = []
     for bs in (1, 8, 16, 32, 64, 128, 256):
-        alloc = cdiv(lens, bs) * bs
+        unused = ctx.unused_slots(bs)
         figures.append((f"BS {bs:>3}: unused slots per sequence / share / table for 2K",
-                        f"{float(np.mean(alloc - lens)):6.1f} / "
-                        f"{pct(float(np.sum(alloc - lens) / np.sum(alloc)))} / "
-                        f"{nbytes(block_table_bytes(2048, bs))}"))
+                        f"{float(np.mean(unused)):6.1f} / "
+                        f"{pct(float(np.sum(unused) / np.sum(lens + unused)))} / "
+                        f"{nbytes(memory.block_table_bytes(2048, bs))}"))
     return Answer(
-        text=(
-            "Bigger is not better: the table shrinks, but every sequence's last block wastes "
-            "BS/2 slots on average, blocks are the granularity of sharing (prefix caching "
-            "shares only full blocks) and of swapping, and the kernel's work split depends on "
-            "it. 16 balances these on the paper's workloads (section 7.2, Fig. 18b); the "
-            "table's size never matters (kilobytes next to gigabytes of KV)."),
+        "Bigger is not better: the table shrinks, but every sequence's last block wastes BS/2 "
+        "slots on average, blocks are the granularity of sharing (prefix caching shares only full "
+        "blocks) and of swapping, and the kernel's work split depends on it. 16 balances these on "
+        "the paper's workloads (section 7.2, Fig. 18b); the table's size never matters (kilobytes "
+        "next to gigabytes of KV).",
         figures=figures,
         commands=[ctx.sim_command(block_size=bs) for bs in (16, 128)],
         verdicts=ctx.verdicts("sweet-spot-16"))
 
 
+@drill("pitfall-vllm-only", *PITFALLS[2], source="pitfall 3")
 def pitfall_vllm_only(ctx: Context) -> Answer:
     return Answer(
-        text=(
-            "The idea is general. TensorRT-LLM pages its KV cache in blocks (its docs on the "
-            "paged KV cache); FlashAttention's flash_attn_with_kvcache takes a block_table; "
-            "FlashInfer stores the page table as CSR (kv_indptr, kv_indices, kv_last_page_len); "
-            "SGLang's RadixAttention keeps a radix tree over token ids, page size 1 by default, "
-            "with LRU eviction (Zheng et al., SGLang, 2024). Exercise 12 converts between a "
-            "padded [S, MB] table (minipaged's) and FlashInfer's CSR."),
+        "The idea is general. TensorRT-LLM pages its KV cache in blocks (its docs on the paged KV "
+        "cache); FlashAttention's flash_attn_with_kvcache takes a block_table; FlashInfer stores "
+        "the page table as CSR (kv_indptr, kv_indices, kv_last_page_len); SGLang's RadixAttention "
+        "keeps a radix tree over token ids, page size 1 by default, with LRU eviction (Zheng et "
+        "al., SGLang, 2024). Exercise 12 converts between a padded [S, MB] table (minipaged's) and "
+        "FlashInfer's CSR.",
         commands=["minipaged check 12"],
         verdicts=ctx.verdicts("others-page-too"))
 
 
+@drill("refcount-cap", "vLLM是否限制共享块的最大引用计数（默认16）？",
+       "Does vLLM cap a shared block's reference count (at 16)?", source="the answer's claim")
 def refcount_cap(ctx: Context) -> Answer:
     f = ctx.finding("refcount-cap")
     return Answer(
-        text=(
-            "There is no cap. The paper's copy-on-write (section 4.4) and vLLM v0's RefCounter "
-            "(vllm/core/block/common.py) only require the count to stay >= 0; v1's blocks "
-            "count users the same way (ref_cnt, vllm/v1/core/kv_cache_utils.py). 16 is the "
-            "default block size, not a reference limit. What limits sharing is memory for the "
-            "copies."),
+        "There is no cap. The paper's copy-on-write (section 4.4) and vLLM v0's RefCounter "
+        "(vllm/core/block/common.py) only require the count to stay >= 0; v1's blocks count users "
+        "the same way (ref_cnt, vllm/v1/core/kv_cache_utils.py). 16 is the default block size, not "
+        "a reference limit. What limits sharing is memory for the copies.",
         figures=[("reference count of a block after 100 forks", str(f.figures["ref_count"]))],
         commands=["python lessons/04_copy_on_write.py"],
         verdicts=ctx.verdicts("refcount-cap"))
 
 
+@drill("no-replacement", "KV Cache访问是顺序的，所以不需要LRU等替换策略？",
+       "KV access is sequential, so no page replacement (LRU etc.) is needed?",
+       source="the answer's claim")
 def no_replacement(ctx: Context) -> Answer:
     f = ctx.finding("no-page-replacement").figures
     return Answer(
-        text=(
-            "Wrong on both counts. When blocks run out vLLM preempts whole sequence groups, "
-            "most recently arrived first, and either swaps their blocks to CPU memory or drops "
-            "them to recompute later (paper section 4.5; the v1 engine only recomputes): that "
-            "is page replacement with a victim policy. And vLLM's prefix cache keeps freed "
-            "blocks and evicts the least recently used one when it needs memory "
-            "(vllm/v1/core/block_pool.py); minipaged's does the same (sharing/prefix_cache.py)."),
+        "Wrong on both counts. When blocks run out vLLM preempts whole sequence groups, most "
+        "recently arrived first, and either swaps their blocks to CPU memory or drops them to "
+        "recompute later (paper section 4.5; the v1 engine only recomputes): that is page "
+        "replacement with a victim policy. And vLLM's prefix cache keeps freed blocks and evicts "
+        "the least recently used one when it needs memory (vllm/v1/core/block_pool.py); "
+        "minipaged's does the same (sharing/prefix_cache.py).",
         figures=[
             ("preemptions, ShareGPT, 2 GiB of KV cache, 2 requests/s (recompute)",
              str(f["preemptions"])),
@@ -247,19 +236,5 @@ def no_replacement(ctx: Context) -> Answer:
         verdicts=ctx.verdicts("no-page-replacement"))
 
 
-DRILLS: tuple[Drill, ...] = (
-    Drill("question", "the interview question", *QUESTION, question),
-    *(Drill(f"follow-up-{i}", f"follow-up {i}", zh, en, fn)
-      for i, ((zh, en), fn) in enumerate(zip(FOLLOW_UPS, (follow_up_1, follow_up_2,
-                                                          follow_up_3)), 1)),
-    *(Drill(key, f"pitfall {i}", zh, en, fn)
-      for i, (key, (zh, en), fn) in enumerate(zip(
-          ("pitfall-concept", "pitfall-block-size", "pitfall-vllm-only"), PITFALLS,
-          (pitfall_concept, pitfall_block_size, pitfall_vllm_only)), 1)),
-    Drill("refcount-cap", "the answer's claim", "vLLM是否限制共享块的最大引用计数（默认16）？",
-          "Does vLLM cap a shared block's reference count (at 16)?", refcount_cap),
-    Drill("no-replacement", "the answer's claim",
-          "KV Cache访问是顺序的，所以不需要LRU等替换策略？",
-          "KV access is sequential, so no page replacement (LRU etc.) is needed?",
-          no_replacement),
-)
+DRILLS = (question, follow_up_1, follow_up_2, follow_up_3, pitfall_concept, pitfall_block_size,
+          pitfall_vllm_only, refcount_cap, no_replacement)

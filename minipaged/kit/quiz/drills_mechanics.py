@@ -12,8 +12,10 @@ import math
 
 import numpy as np
 
+from minipaged import KVCacheManager
 from minipaged._checks import cdiv
-from minipaged.kit.quiz.context import Answer, Context, Drill, nbytes, pct
+from minipaged.kit.quiz.context import Answer, Context, drill, nbytes, pct
+from minipaged.sim import memory
 
 
 def x_packing(dtype_bytes: int, head_size: int) -> tuple[int, int]:
@@ -22,10 +24,10 @@ def x_packing(dtype_bytes: int, head_size: int) -> tuple[int, int]:
     return 16 // dtype_bytes, head_size * dtype_bytes // 16
 
 
+@drill("x-packing", "vLLM的key cache布局里的x是做什么的？",
+       "What is the x in vLLM's key cache layout [NB, Hkv, D/x, BS, x] for?")
 def x_packing_answer(ctx: Context) -> Answer:
-    from minipaged.sim.memory import MODELS
-
-    m = MODELS["opt-13b"]
+    m = memory.MODELS["opt-13b"]
     figures = [(f"{name}: x / 16-byte loads per key vector (D={m.head_size})",
                 "{} / {}".format(*x_packing(b, m.head_size)))
                for name, b in (("fp32", 4), ("fp16", 2), ("fp8", 1))]
@@ -33,14 +35,13 @@ def x_packing_answer(ctx: Context) -> Answer:
     figures.append(("OPT-13B fp16 key cache shape per layer",
                     f"[NB, {m.num_kv_heads}, {m.head_size // x}, BS, {x}]"))
     return Answer(
-        text=(
-            "vLLM stores keys as [NB, Hkv, D/x, BS, x] with x = 16 bytes' worth of elements. "
-            "In its kernel a thread group (max(32 / BS, 1) lanes) holds one token's key, and "
-            "the group loads 16 bytes of it at a time, each lane 16 / THREAD_GROUP_SIZE bytes "
-            "from adjacent addresses, so a group's load is one 16-byte vector "
-            "(csrc/attention/attention_kernels.cuh: THREAD_GROUP_SIZE, VEC_SIZE). "
-            "Values stay [NB, Hkv, D, BS]. This project keeps the plain [NB, Hkv, BS, D] layout "
-            "for both, which is easier to read and to check against the NumPy oracle."),
+        "vLLM stores keys as [NB, Hkv, D/x, BS, x] with x = 16 bytes' worth of elements. In its "
+        "kernel a thread group (max(32 / BS, 1) lanes) holds one token's key, and the group loads "
+        "16 bytes of it at a time, each lane 16 / THREAD_GROUP_SIZE bytes from adjacent addresses, "
+        "so a group's load is one 16-byte vector (csrc/attention/attention_kernels.cuh: "
+        "THREAD_GROUP_SIZE, VEC_SIZE). Values stay [NB, Hkv, D, BS]. This project keeps the plain "
+        "[NB, Hkv, BS, D] layout for both, which is easier to read and to check against the NumPy "
+        "oracle.",
         figures=figures,
         commands=["less minipaged/cuda/paged_attention.cu   (the comments on the layout)"])
 
@@ -52,6 +53,8 @@ def v2_grid(num_seqs: int, num_heads: int, context_len: int) -> dict:
     return {"v1": num_heads * num_seqs, "v2": num_heads * num_seqs * parts, "partitions": parts}
 
 
+@drill("v1-v2", "paged_attention v1和v2内核有什么区别？什么时候用v2？",
+       "What is the difference between the v1 and v2 paged attention kernels? When v2?")
 def v1_v2(ctx: Context) -> Answer:
     g, g64 = v2_grid(1, 32, 16384), v2_grid(64, 32, 1024)
     rng = np.random.default_rng(ctx.seed)
@@ -67,15 +70,14 @@ def v1_v2(ctx: Context) -> Answer:
     w = np.array([li * math.exp(mi - gm) for mi, li, _ in parts])
     reduced = (w[:, None] * np.array([o for _, _, o in parts])).sum(0) / w.sum()
     return Answer(
-        text=(
-            "v1 launches one thread block per (head, sequence) and walks the whole context. "
-            "With few long sequences that is too few blocks to fill a GPU (an H100 SXM has 132 "
-            "SMs). v2 cuts the context into 512-token partitions, one block each, writing a "
-            "local max, sum and partial output; a reduce kernel rescales by exp(m_i - m) and "
-            "combines them: the same online softmax. vLLM v0 chose v1 when max_seq_len <= 8192 "
-            "and (one partition only, or num_seqs * num_heads > 512), v2 otherwise, so always "
-            "v2 above 8192 tokens (vllm/attention/ops/paged_attn.py in the v0 releases). "
-            "minipaged's kernel has both versions (cuda/paged_attention.cu)."),
+        "v1 launches one thread block per (head, sequence) and walks the whole context. With few "
+        "long sequences that is too few blocks to fill a GPU (an H100 SXM has 132 SMs). v2 cuts "
+        "the context into 512-token partitions, one block each, writing a local max, sum and "
+        "partial output; a reduce kernel rescales by exp(m_i - m) and combines them: the same "
+        "online softmax. vLLM v0 chose v1 when max_seq_len <= 8192 and (one partition only, or "
+        "num_seqs * num_heads > 512), v2 otherwise, so always v2 above 8192 tokens "
+        "(vllm/attention/ops/paged_attn.py in the v0 releases). minipaged's kernel has both "
+        "versions (cuda/paged_attention.cu).",
         figures=[
             ("1 sequence x 32 heads, 16K context: v1 / v2 thread blocks",
              f"{g['v1']} / {g['v2']} ({g['partitions']} partitions)"),
@@ -86,41 +88,39 @@ def v1_v2(ctx: Context) -> Answer:
         commands=["python lessons/08_gpu_kernel.py", "minipaged check 7"])
 
 
+@drill("table-to-kernel", "块表是怎么传到kernel里的？",
+       "How does the block table reach the kernel?")
 def table_to_kernel(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-    from minipaged.sim.memory import block_table_bytes, preset
-
     m = KVCacheManager(32, 4)
     for sid, n in (("a", 9), ("b", 3), ("c", 6)):
         m.allocate(sid, list(range(n)))
-    p = preset("llama-3-8b")
+    p = memory.preset("llama-3-8b")
     bs, ctxlen = 16, 2048
     s = min(128, p.num_token_slots // ctxlen)      # a batch that fits in the KV budget
     return Answer(
-        text=(
-            "With each step's inputs go an int32 block table [S, MB], seq_lens [S] and "
-            "slot_mapping [T] for the new tokens. minipaged builds the table per step, padded "
-            "with -1 to the batch's longest table (KVCacheManager.block_tables); vLLM v1 keeps "
-            "one persistent, zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] in "
-            "its model runner and updates rows in place (vllm/v1/worker/block_table.py); v0 "
-            "padded with 0, to a fixed width under CUDA graphs (vllm/worker/model_runner.py). "
-            "The table stays flat because it is small, not because of how it is padded: the "
-            "kernel reads row s, entry i for KV block i and never past seq_len, so the padding "
-            "value does not matter, and the copy is tiny next to the KV the step reads."),
+        "With each step's inputs go an int32 block table [S, MB], seq_lens [S] and slot_mapping "
+        "[T] for the new tokens. minipaged builds the table per step, padded with -1 to the "
+        "batch's longest table (KVCacheManager.block_tables); vLLM v1 keeps one persistent, "
+        "zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] in its model runner and "
+        "updates rows in place (vllm/v1/worker/block_table.py); v0 padded with 0, to a fixed width "
+        "under CUDA graphs (vllm/worker/model_runner.py). The table stays flat because it is "
+        "small, not because of how it is padded: the kernel reads row s, entry i for KV block i "
+        "and never past seq_len, so the padding value does not matter, and the copy is tiny next "
+        "to the KV the step reads.",
         figures=[
             ("block_tables for lengths 9, 3, 6 at BS 4",
              np.array2string(m.block_tables(["a", "b", "c"]))),
             (f"block_tables for S={s}, context {ctxlen}, BS {bs}",
-             nbytes(s * block_table_bytes(ctxlen, bs))),
+             nbytes(s * memory.block_table_bytes(ctxlen, bs))),
             ("KV read by that decode step (Llama-3-8B)",
              nbytes(s * ctxlen * p.model.kv_bytes_per_token)),
         ],
         commands=["python lessons/03_paging.py", "minipaged check 4"])
 
 
+@drill("cow-vs-prefix", "写时复制和前缀缓存有什么区别？vLLM v1为什么放弃了写时复制？",
+       "Copy-on-write versus prefix caching: what differs, and why did vLLM v1 drop CoW?")
 def cow_vs_prefix(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     n, prompt, gen, bs = 4, list(range(100)), 30, 16
     cow = KVCacheManager(256, bs)
     cow.allocate(0, prompt)
@@ -135,16 +135,15 @@ def cow_vs_prefix(ctx: Context) -> Answer:
                 mgr.append_slot(i, 1000 + t)
         mgr.take_copies()
     return Answer(
-        text=(
-            "Copy-on-write (paper section 4.4) shares blocks between the sequences of one "
-            "request (fork) and copies the shared partial last block on the first write. "
-            "Prefix caching shares full blocks between any requests through a hash of the "
-            "whole prefix, and never shares a partial block, so there is nothing to copy. "
-            "vLLM v0 had both (automatic prefix caching, vllm/core/block/prefix_caching_block.py, "
-            "beside copy-on-write); the v1 engine keeps only prefix caching and runs parallel "
-            "sampling as n requests with one cached prompt (vllm/v1/engine/parallel_sampling.py)"
-            ": it gives up at most one block per sample, and the block manager no longer needs "
-            "forks or copies. minipaged's KVCacheManager does both, as v0 could."),
+        "Copy-on-write (paper section 4.4) shares blocks between the sequences of one request "
+        "(fork) and copies the shared partial last block on the first write. Prefix caching shares "
+        "full blocks between any requests through a hash of the whole prefix, and never shares a "
+        "partial block, so there is nothing to copy. vLLM v0 had both (automatic prefix caching, "
+        "vllm/core/block/prefix_caching_block.py, beside copy-on-write); the v1 engine keeps only "
+        "prefix caching and runs parallel sampling as n requests with one cached prompt "
+        "(vllm/v1/engine/parallel_sampling.py): it gives up at most one block per sample, and the "
+        "block manager no longer needs forks or copies. minipaged's KVCacheManager does both, as "
+        "v0 could.",
         figures=[
             (f"n={n} samples, {len(prompt)}-token prompt, {gen} tokens each, BS {bs}: no sharing",
              f"{n * cdiv(len(prompt) + gen, bs)} blocks"),
@@ -155,9 +154,9 @@ def cow_vs_prefix(ctx: Context) -> Answer:
                   "minipaged demo prefix"])
 
 
+@drill("last-token", "前缀缓存命中时，为什么最后一个token总要重算？",
+       "With prefix caching, why is the last prompt token always recomputed?")
 def last_token(ctx: Context) -> Answer:
-    from minipaged import KVCacheManager
-
     figures = []
     for n in (33, 32, 16):
         m = KVCacheManager(16, 16, enable_prefix_caching=True)
@@ -166,52 +165,34 @@ def last_token(ctx: Context) -> Answer:
         figures.append((f"{n}-token prompt seen before (BS 16): tokens reused",
                         str(m.allocate("again", list(range(n))))))
     return Answer(
-        text=(
-            "Hashes are chained (hash of the parent's hash and the block's tokens), so equal "
-            "hashes mean equal prefixes, up to a hash collision. vLLM v1 looks a hit up by "
-            "hash alone (vllm/v1/core/block_pool.py, get_cached_block); nano-vllm also "
-            "compares the block's token ids; sharing/prefix_cache.py says what minipaged does. "
-            "Only full blocks are cached, and the last prompt token is always recomputed: the "
-            "model needs its logits to sample the first output token. So a fully cached prompt "
-            "whose length is a multiple of BS still recomputes its last block."),
+        "Hashes are chained (hash of the parent's hash and the block's tokens), so equal hashes "
+        "mean equal prefixes, up to a hash collision. vLLM v1 looks a hit up by hash alone "
+        "(vllm/v1/core/block_pool.py, get_cached_block); nano-vllm also compares the block's token "
+        "ids; sharing/prefix_cache.py says what minipaged does. Only full blocks are cached, and "
+        "the last prompt token is always recomputed: the model needs its logits to sample the "
+        "first output token. So a fully cached prompt whose length is a multiple of BS still "
+        "recomputes its last block.",
         figures=figures,
         commands=["python lessons/05_prefix_caching.py", "minipaged check 10"])
 
 
+@drill("sharing-savings", "并行采样和束搜索分别能省多少显存？为什么差这么多？",
+       "How much memory do parallel sampling and beam search save, and why so different?")
 def sharing_savings(ctx: Context) -> Answer:
     saved = ctx.sharing()           # experiment 2 on Alpaca: the canonical figures
     figures = [(f"Alpaca, {label} {k}: memory saved", pct(saved[kind][k]))
                for kind, label in (("parallel", "parallel sampling n ="),
                                    ("beam", "beam search width")) for k in (2, 4, 6)]
     return Answer(
-        text=(
-            "Parallel samples share only the prompt, and their outputs soon dominate: small "
-            "savings. Beams share most of their history, since beams keep forking from each "
-            "other: large savings. The paper (Fig. 15, Alpaca, OPT-13B): 6.1%-9.8% for sampling, "
-            "37.6%-55.2% for beam search (saving = blocks saved / blocks without sharing). The "
-            "simulator has no language model: which beams survive a step follows one stated "
-            "rule (sim/executor.py, SimExecutor.beam_step), so its beam figures are a model."),
+        "Parallel samples share only the prompt, and their outputs soon dominate: small savings. "
+        "Beams share most of their history, since beams keep forking from each other: large "
+        "savings. The paper (Fig. 15, Alpaca, OPT-13B): 6.1%-9.8% for sampling, 37.6%-55.2% for "
+        "beam search (saving = blocks saved / blocks without sharing). The simulator has no "
+        "language model: which beams survive a step follows one stated rule (sim/executor.py, "
+        "SimExecutor.beam_step), so its beam figures are a model.",
         figures=figures,
         commands=[f"minipaged experiment 2 --num-requests {ctx.num_requests} --seed {ctx.seed}",
                   "minipaged check 9"])
 
 
-DRILLS: tuple[Drill, ...] = (
-    Drill("x-packing", "interviewer", "vLLM的key cache布局里的x是做什么的？",
-          "What is the x in vLLM's key cache layout [NB, Hkv, D/x, BS, x] for?",
-          x_packing_answer),
-    Drill("v1-v2", "interviewer", "paged_attention v1和v2内核有什么区别？什么时候用v2？",
-          "What is the difference between the v1 and v2 paged attention kernels? When v2?",
-          v1_v2),
-    Drill("table-to-kernel", "interviewer", "块表是怎么传到kernel里的？",
-          "How does the block table reach the kernel?", table_to_kernel),
-    Drill("cow-vs-prefix", "interviewer",
-          "写时复制和前缀缓存有什么区别？vLLM v1为什么放弃了写时复制？",
-          "Copy-on-write versus prefix caching: what differs, and why did vLLM v1 drop CoW?",
-          cow_vs_prefix),
-    Drill("last-token", "interviewer", "前缀缓存命中时，为什么最后一个token总要重算？",
-          "With prefix caching, why is the last prompt token always recomputed?", last_token),
-    Drill("sharing-savings", "interviewer", "并行采样和束搜索分别能省多少显存？为什么差这么多？",
-          "How much memory do parallel sampling and beam search save, and why so different?",
-          sharing_savings),
-)
+DRILLS = (x_packing_answer, v1_v2, table_to_kernel, cow_vs_prefix, last_token, sharing_savings)
