@@ -11,8 +11,8 @@
 # the run lessons 04, 06 and 07, the quiz and the slides state their figures from) and walks
 # through the findings.
 #
-# Code: `minipaged/kit/quiz/factcheck.py` and `factcheck_blocks.py` (the checks, the table). Read before:
-# lessons 06 and 07.
+# Code: `minipaged/kit/quiz/factcheck.py` and `factcheck_blocks.py` (the checks, the table).
+# Read before: lessons 06 and 07.
 
 # %%
 from __future__ import annotations
