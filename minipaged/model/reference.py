@@ -31,6 +31,7 @@ from minipaged.model.sampling import (
     beam_step,
     finish_reason,
     log_softmax,
+    max_new_tokens,
     resolve_seed,
     sample_token,
 )
@@ -118,14 +119,14 @@ class ReferenceGenerator:
     def _sample(self, ids, params, seed, index, return_logits) -> CompletionOutput:
         cache = ContiguousCache(self.model, self.dtype)
         logits = self._forward(cache, ids)
+        out_len = max_new_tokens(params, len(ids), self.model.cfg.max_seq_len)
         out, seen, cum = [], [], 0.0
         while True:
             seen.append(logits)
             tok = sample_token(logits, params, seed, index, len(out))
             cum += float(log_softmax(logits)[tok])
             out.append(tok)
-            reason = finish_reason(out, len(ids), params, self.model.cfg.max_seq_len,
-                                   self.tokenizer.eos_ids, self.tokenizer.decode)
+            reason = finish_reason(out, out_len, params, self.tokenizer)
             if reason is not None:
                 break
             logits = self._forward(cache, [tok])
@@ -148,7 +149,7 @@ class ReferenceGenerator:
             steps = len(live[0].tokens) if live else 0
             if len(finished) >= k or not live:
                 break
-            if steps >= params.max_tokens or len(ids) + steps >= self.model.cfg.max_seq_len:
+            if steps >= max_new_tokens(params, len(ids), self.model.cfg.max_seq_len):
                 finished.extend((b, "length") for b in live)
                 break
             logits = [self._forward(c, [b.tokens[-1]]) for c, b in zip(caches, live)]

@@ -184,15 +184,20 @@ def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos
     return survivors, finished
 
 
-def finish_reason(out_tokens: list[int], prompt_len: int, params: SamplingParams,
-                  max_seq_len: int, eos_ids, decode) -> str | None:
+def max_new_tokens(params: SamplingParams, prompt_len: int, max_seq_len: int) -> int:
+    """New tokens a completion may get: max_tokens, fewer where the model's positions end."""
+    return min(params.max_tokens, max_seq_len - prompt_len)
+
+
+def finish_reason(out_tokens: list[int], out_len: int, params: SamplingParams,
+                  tokenizer) -> str | None:
     """Why a sample ends after its newest token, or None to go on. Shared by both generators:
-    an end-of-sequence id (any of ``eos_ids``, unless ignore_eos) or a stop string -> "stop";
-    max_tokens or the model's max_seq_len -> "length"."""
-    if out_tokens[-1] in eos_ids and not params.ignore_eos:
+    an end-of-sequence id (any of ``tokenizer.eos_ids``, unless ignore_eos) or a stop string
+    -> "stop"; ``out_len`` tokens (``max_new_tokens``) -> "length"."""
+    if out_tokens[-1] in tokenizer.eos_ids and not params.ignore_eos:
         return "stop"
-    if params.stop and apply_stop(decode(out_tokens), params.stop)[1]:
+    if params.stop and apply_stop(tokenizer.decode(out_tokens), params.stop)[1]:
         return "stop"
-    if len(out_tokens) >= params.max_tokens or prompt_len + len(out_tokens) >= max_seq_len:
+    if len(out_tokens) >= out_len:
         return "length"
     return None
