@@ -12,7 +12,8 @@ Beam search (vLLM v0 style): each step every live beam proposes candidates, the 
 ending in <eos> become finished hypotheses, the first ``beam_width`` others stay live. It stops
 when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps; hypotheses are ranked
 by cumulative log-probability divided by their length. ``beam_step`` below is the one
-implementation; the engine shares the survivors' blocks by fork, the reference copies caches.
+implementation (its selection is sharing/sampling.select_beams, lesson 04's too); the engine
+shares the survivors' blocks by fork, the reference copies caches.
 
 Read next: reference.py, engine.py.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from minipaged.sharing.sampling import Candidate, select_beams
 
 
 @dataclass(frozen=True)
@@ -163,25 +166,21 @@ class Beam:
 
 
 def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos_id: int
-              ) -> tuple[list[tuple[int, int, float]], list[Beam]]:
-    """One beam-search step.
+              ) -> tuple[list[Candidate], list[Beam]]:
+    """One beam-search step: each live beam proposes its ``2 * beam_width`` likeliest tokens
+    (as vLLM v0 does), and ``select_beams`` (sharing/sampling.py, the rule of lesson 04's
+    BeamSearch too) picks among them.
 
     live: the live beams; logprobs[i] [V] is beam i's next-token log-probabilities.
-    Returns (survivors, finished): survivors are (parent index, token, cumulative logprob) for
-    the next live beams, best first; finished are new hypotheses that ended with <eos>.
-    Ties are broken by parent index, then token id, so every implementation agrees."""
-    cands = []
-    for i, (beam, lp) in enumerate(zip(live, logprobs)):
-        top = np.argsort(-lp, kind="stable")[: 2 * beam_width]
-        cands.extend((beam.cum_logprob + float(lp[t]), i, int(t)) for t in top)
-    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-    survivors, finished = [], []
-    for score, i, t in cands[: 2 * beam_width]:
-        if t == eos_id:
-            finished.append(Beam(live[i].tokens + [t], score))
-        elif len(survivors) < beam_width:
-            survivors.append((i, t, score))
-    return survivors, finished
+    Returns (survivors, finished): survivors are Candidates (parent index, token, cumulative
+    logprob) for the next live beams, best first; finished are new hypotheses that ended with
+    <eos>. Candidates are listed by parent index, then token id, so that ties are broken that
+    way and every implementation agrees."""
+    cands = [Candidate(i, int(t), beam.cum_logprob + float(lp[t]))
+             for i, (beam, lp) in enumerate(zip(live, logprobs))
+             for t in sorted(np.argsort(-lp, kind="stable")[: 2 * beam_width])]
+    survivors, finished = select_beams(cands, beam_width, eos_id)
+    return survivors, [Beam(live[c.parent].tokens + [c.token], c.score) for c in finished]
 
 
 def max_new_tokens(params: SamplingParams, prompt_len: int, max_seq_len: int) -> int:
