@@ -256,7 +256,7 @@ def test_select_beams_is_one_rule_for_the_lesson_and_the_engine():
          Candidate("b", 3, -0.5), Candidate("a", 4, -3.0)]
     assert select_beams(c, 2) == ([c[3], c[1]], [])
     survivors, finished = select_beams(c, 2, eos_id=9)
-    assert survivors == [c[3], c[2]] and finished == [c[1]]   # c[0], 4th, finds the k full
+    assert survivors == [c[3], c[2]] and finished == [c[1]]   # c[0] (4th) comes too late
     assert select_beams(c, 1, eos_id=3) == ([c[1]], [c[3]])
 
 
