@@ -11,26 +11,17 @@ What it teaches: how the pieces of the course become a serving engine (vLLM sect
     engine_samples.py             the request records; sampling and parallel samples
     engine_beams.py               beam search: beams forked and dropped as sequences of a group
 
-One step of ``generate``: ``schedule()`` returns the plan; the runner applies its swap-outs,
-swap-ins and copy-on-write copies, then runs the step's prefill chunks and decodes in one forward
-pass (K/V written with reshape_and_cache, read with paged attention); the engine samples a token
-for every sequence that wants one and hands them to ``update()``. Parallel samples are forked
-from the prompt after its prefill (vLLM v0: the prompt's blocks are shared, the partly filled
-last block copied on the first write); beams are forked and dropped each step. With
-``enable_prefix_caching=True`` forking is off (vLLM v1): the n samples become n requests whose
-full prompt blocks are found in the prefix cache instead.
-
-The scheduler finishes a sequence when it reaches its output length; a sequence that ends
-earlier (<eos>, a stop string, a beam search that is done) is ended by the engine with
-``Scheduler.finish_seq`` right after ``update``, which frees it exactly as ``update`` would.
+``generate`` checks the requests and makes their records, ``_run`` admits each at its arrival
+step and steps until all are done. One ``_step``: ``schedule()`` returns the plan; the runner
+applies its swap-outs, swap-ins and copy-on-write copies, then runs the step's prefill chunks and
+decodes in one forward pass (K/V written with reshape_and_cache, read with paged attention); the
+call's decoder object (engine_samples.Samples, or engine_beams.Beams for beam search), handed the
+records explicitly, picks the tokens that ``update()`` appends, forks or drops, then ends the
+sequences that ended early. With ``enable_prefix_caching=True`` parallel samples are not forked
+(vLLM v1): the n samples become n requests whose full prompt blocks come out of the prefix cache.
 
 The oracle is reference.py: the same model, a contiguous cache per sequence, no sharing, no
 batching. tests/test_engine.py checks that both produce the same tokens for every request.
-
-This module holds the loop: ``generate`` checks the requests and makes their records, ``_run``
-admits them and steps until all are done, ``_step`` is one step. What the engine does with a
-step's logits belongs to one decoder object per call, handed the records explicitly:
-engine_samples.Samples (sampling, parallel samples) or engine_beams.Beams (beam search).
 
 Read before: runner.py, ../serving/scheduler.py. Read next: engine_samples.py, engine_beams.py, then
 lessons/09_model_end_to_end.py.
@@ -48,13 +39,8 @@ from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
 from minipaged.model.engine_samples import RequestRecord, Samples
 from minipaged.model.runner import PagedRunner, SeqWork
-from minipaged.model.sampling import (
-    RequestOutput,
-    SamplingParams,
-    max_new_tokens,
-    resolve_seed,
-)
-from minipaged.model.tokenizer import CharTokenizer, prompt_ids
+from minipaged.model.sampling import RequestOutput, SamplingParams, max_new_tokens, resolve_seed
+from minipaged.model.tokenizer import CharTokenizer, encode_prompts
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
@@ -138,15 +124,6 @@ class LLM:
         self.num_steps = 0
         self.on_step = None        # callback(StepStats) after every step (--show-blocks)
 
-    # ---- validation --------------------------------------------------------------------------
-    def _encode(self, prompts) -> list[list[int]]:
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
-        return [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
-                for i, p in enumerate(prompts)]
-
     def _new_manager(self) -> KVCacheManager:
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
@@ -159,12 +136,13 @@ class LLM:
         the step at which prompt i joins the running batch (continuous batching). ``params``
         may be a list, one per prompt, that differ only in max_tokens (as vLLM's LLM.generate
         takes a list of SamplingParams; here the rest must agree)."""
-        per_prompt = params if isinstance(params, (list, tuple)) else None
-        params = SamplingParams() if params is None else per_prompt[0] if per_prompt else params
+        texts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
+        params = SamplingParams() if params is None else params
+        per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(encoded)
+        params = per_prompt[0] if per_prompt else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        per_prompt = per_prompt or [params] * (1 if isinstance(prompts, str) else len(prompts))
-        if len(per_prompt) != (1 if isinstance(prompts, str) else len(prompts)) or any(
+        if len(per_prompt) != len(encoded) or any(
                 not isinstance(q, SamplingParams) or replace(q, max_tokens=1) != replace(
                     params, max_tokens=1) for q in per_prompt):
             raise ValueError("a list of params needs one SamplingParams per prompt, differing "
@@ -172,10 +150,6 @@ class LLM:
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
-        encoded = self._encode(prompts)
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
-                   for p in prompts]
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
         # full prompt blocks come out of the prefix cache.
@@ -188,16 +162,13 @@ class LLM:
             reason = sched.refusal(1 if split else params.num_seqs, len(ids) + out_lens[i] - 1)
             if reason is not None:
                 raise ValueError(f"prompts[{i}] {reason}: raise num_blocks or lower max_tokens")
-        if arrival_steps is None:
-            arrival_steps = [0] * len(encoded)
-        arrival_steps = list(arrival_steps)
+        arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
         if len(arrival_steps) != len(encoded) or any(
                 isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0
                 for a in arrival_steps):
             raise ValueError(f"arrival_steps must hold one int >= 0 per prompt "
                              f"({len(encoded)}), got {arrival_steps!r:.80}")
-        # The records of this call, shared explicitly with the decoder object (the seam of
-        # engine_samples.py): one per request, in admission-independent order.
+        # This call's records, shared explicitly with its decoder object (engine_samples.py)
         reqs = [RequestRecord(i, ids, out_lens[i], first_index=j)
                 for i, ids in enumerate(encoded) for j in range(params.n if split else 1)]
         if params.beam_width > 1:
@@ -215,7 +186,7 @@ class LLM:
             # next generate is exact.
             self.manager = self._new_manager()
             raise
-        results = [RequestOutput(i, prompts[i], ids) for i, ids in enumerate(encoded)]
+        results = [RequestOutput(i, texts[i], ids) for i, ids in enumerate(encoded)]
         for r, req in enumerate(reqs):
             results[req.prompt_index].outputs += decoder.outputs(r)
         for res in results:

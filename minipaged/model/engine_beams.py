@@ -29,7 +29,7 @@ Read before: engine_samples.py. Read next: lessons/09_model_end_to_end.py.
 from __future__ import annotations
 
 from minipaged.model.engine_samples import RequestRecord
-from minipaged.model.sampling import Beam, CompletionOutput, beam_step, log_softmax
+from minipaged.model.sampling import Beam, CompletionOutput, beam_step, best_hypotheses, log_softmax
 from minipaged.serving.scheduler import FINISHED
 
 
@@ -70,9 +70,7 @@ class Beams:
                 # update() ends every sequence at its length: the live beams finish as they are.
                 self.done[r].extend((b, "length") for _, b in new_live)
                 self.ending.append(r)
-            per_parent = {i: [] for i in range(len(seqs))}
-            for i, b in new_live:
-                per_parent[i].append(b)
+            per_parent = [[b for p, b in new_live if p == i] for i in range(len(seqs))]
             for i, j in enumerate(js):
                 samples[j] = [b.tokens[-1] for b in per_parent[i]]
             if r not in self.ending:
@@ -95,8 +93,4 @@ class Beams:
             self.live[r] = {}
 
     def outputs(self, r: int) -> list[CompletionOutput]:
-        """A finished request's completions: its best ``beam_width`` hypotheses by score."""
-        ranked = sorted(self.done[r], key=lambda br: -br[0].score())[: self.k]
-        return [CompletionOutput(i, self.tokenizer.decode(b.tokens), b.tokens, b.cum_logprob,
-                                 reason)
-                for i, (b, reason) in enumerate(ranked)]
+        return best_hypotheses(self.done[r], self.k, self.tokenizer.decode)

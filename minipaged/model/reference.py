@@ -29,13 +29,14 @@ from minipaged.model.sampling import (
     SamplingParams,
     apply_stop,
     beam_step,
+    best_hypotheses,
     finish_reason,
     log_softmax,
     max_new_tokens,
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer, prompt_ids
+from minipaged.model.tokenizer import CharTokenizer, encode_prompts
 
 ATTENTIONS = ("dense", "torch")
 
@@ -100,10 +101,7 @@ class ReferenceGenerator:
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
         params = params or SamplingParams()
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        encoded = [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
-                   for i, p in enumerate(prompts)]
+        prompts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
         seed = resolve_seed(params)
         results = []
         for rid, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -153,6 +151,4 @@ class ReferenceGenerator:
                 finished.extend((b, "length") for b in live)
                 break
             logits = [self._forward(c, [b.tokens[-1]]) for c, b in zip(caches, live)]
-        ranked = sorted(finished, key=lambda br: -br[0].score())[:k]   # stable on ties
-        return [CompletionOutput(i, self.tokenizer.decode(b.tokens), b.tokens, b.cum_logprob,
-                                 reason) for i, (b, reason) in enumerate(ranked)]
+        return best_hypotheses(finished, k, self.tokenizer.decode)

@@ -51,40 +51,28 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        def _int(name, lo):
+        for name, low in (("max_tokens", 1), ("top_k", 0), ("n", 1), ("beam_width", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"SamplingParams.{name} must be an int, got {v!r}")
-            if v < lo:
-                raise ValueError(f"SamplingParams.{name} must be >= {lo}, got {v}")
-
-        _int("max_tokens", 1)
-        _int("top_k", 0)
-        _int("n", 1)
-        _int("beam_width", 1)
+            if v < low:
+                raise ValueError(f"SamplingParams.{name} must be >= {low}, got {v}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
-        if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
-                    or self.seed < 0:
-                raise ValueError(f"SamplingParams.seed must be None or an int >= 0, "
-                                 f"got {self.seed!r}")
-        if self.beam_width > 1:
-            if self.n != 1:
-                raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width}"
-                                 f" beams; n must be 1, got n={self.n}")
-            if t != 0:
-                raise ValueError(f"SamplingParams: beam search is deterministic; temperature "
-                                 f"must be 0, got {t}")
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if stop is None:
-            stop = ()
-        stop = tuple(stop)
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                                 or seed < 0):
+            raise ValueError(f"SamplingParams.seed must be None or an int >= 0, got {seed!r}")
+        if self.beam_width > 1 and self.n != 1:
+            raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width} "
+                             f"beams; n must be 1, got n={self.n}")
+        if self.beam_width > 1 and t != 0:
+            raise ValueError(f"SamplingParams: beam search is deterministic; temperature must "
+                             f"be 0, got {t}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {s!r}")
@@ -148,12 +136,8 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, sample_i
 
 def apply_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     """(text cut before the earliest stop string, whether one occurred)."""
-    cut = -1
-    for s in stop:
-        i = text.find(s)
-        if i >= 0 and (cut < 0 or i < cut):
-            cut = i
-    return (text[:cut], True) if cut >= 0 else (text, False)
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[:min(cuts)], True) if cuts else (text, False)
 
 
 @dataclass
@@ -181,6 +165,15 @@ def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos
              for t in sorted(np.argsort(-lp, kind="stable")[: 2 * beam_width])]
     survivors, finished = select_beams(cands, beam_width, eos_id)
     return survivors, [Beam(live[c.parent].tokens + [c.token], c.score) for c in finished]
+
+
+def best_hypotheses(finished: list[tuple[Beam, str]], beam_width: int, decode
+                    ) -> list[CompletionOutput]:
+    """A finished beam search's completions: its best ``beam_width`` (hypothesis, reason) pairs
+    by length-normalised score (a stable sort: ties keep the order they finished in)."""
+    ranked = sorted(finished, key=lambda br: -br[0].score())[:beam_width]
+    return [CompletionOutput(i, decode(b.tokens), b.tokens, b.cum_logprob, reason)
+            for i, (b, reason) in enumerate(ranked)]
 
 
 def max_new_tokens(params: SamplingParams, prompt_len: int, max_seq_len: int) -> int:
