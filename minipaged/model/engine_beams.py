@@ -2,21 +2,14 @@
 
 What it teaches: how ``sampling.beam_step`` (the rule, shared with the reference generator)
 becomes block sharing (vLLM v0, the paper's section 4.4). A request with ``beam_width`` k is one
-sequence group; every step, all of its live beams are computed in the same forward pass, and
-
-    samples        runs one ``beam_step`` per request over its beams' log-probabilities and
-                   tells the scheduler what each sequence becomes: the tokens of its surviving
-                   children (the first continues the sequence, each other one forks it, sharing
-                   every block; none: the sequence is dropped and its blocks lose a user, freed
-                   when no beam holds them any more)
-    after_update   after ``Scheduler.update``: the forks made there get their beams; a request
-                   that is done (k hypotheses finished, or no live beam left) has its group
-                   ended with ``Scheduler.finish_seq``
-    outputs        the request's result: its best k hypotheses by length-normalised score
-
-``Beams`` is the engine's decoder object for beam search, with the interface of
-engine_samples.py (``admit``, ``samples``, ``after_update``, ``outputs``); it reads the request
-records the engine made and keeps the beams itself.
+sequence group, and ``Beams`` is the call's decoder object (the interface of engine_samples.py).
+Every step all of a request's live beams are computed in the same forward pass; ``samples`` runs
+one ``beam_step`` over them and tells the scheduler what each sequence becomes: the tokens of its
+surviving children (the first continues the sequence, each other one forks it, sharing every
+block; none: the sequence is dropped and its blocks lose a user, freed when no beam holds them
+any more). ``after_update`` gives the forks their beams and ends a request that is done (k
+hypotheses finished, or no live beam left) with ``Scheduler.finish_seq``; ``outputs`` returns its
+best k hypotheses by length-normalised score.
 
 Beams must all be sampled in the same step, so beam search runs without chunked prefill
 (``LLM.generate`` refuses the combination). Because the beams of a step share the blocks of

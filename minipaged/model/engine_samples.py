@@ -10,13 +10,11 @@ The seam between the engine and the way it decodes: ``LLM.generate`` makes one
 ``Beams`` (engine_beams.py), which owns everything else and offers four methods:
 
     admit(r, seq)                  request r joins the batch as sequence ``seq``
-    samples(sampled, logits)       one entry per sequence the scheduler sampled this step, for
-                                   ``Scheduler.update``: a token, or a list of tokens (the first
-                                   continues the sequence, each other one forks it)
+    samples(sampled, logits)       for ``Scheduler.update``, one entry per sampled sequence: a
+                                   token, or tokens (the first continues it, the others fork it)
     after_update(sched, out, step) records for the forks ``update`` made; a sequence that ended
                                    early (<eos>, a stop string) is ended with
-                                   ``Scheduler.finish_seq``, which frees it exactly as
-                                   ``update`` would
+                                   ``Scheduler.finish_seq`` (it frees it as ``update`` would)
     outputs(r)                     request r's CompletionOutputs, once it is done
 
 A prompt with n > 1 samples (vLLM v0) draws all n first tokens from the prompt's logits; it goes

@@ -134,9 +134,8 @@ class ReferenceGenerator:
 
     def _beam_search(self, ids, params) -> list[CompletionOutput]:
         k, eos = params.beam_width, self.tokenizer.eos_id
-        cache = ContiguousCache(self.model, self.dtype)
-        live = [Beam([], 0.0)]
-        caches, logits = [cache], [self._forward(cache, ids)]
+        live, caches = [Beam([], 0.0)], [ContiguousCache(self.model, self.dtype)]
+        logits = [self._forward(caches[0], ids)]
         finished: list[tuple[Beam, str]] = []
         while True:
             survivors, done = beam_step(live, [log_softmax(lg) for lg in logits], k, eos)
