@@ -17,6 +17,7 @@ from minipaged.sharing.sampling import (
     blocks_with_sharing,
     blocks_without_sharing,
     free_group,
+    select_beams,
     start_parallel_sampling,
 )
 
@@ -246,6 +247,17 @@ def test_beam_search_forks_survivors_and_frees_dropped_beams(prefix):
     assert m.num_free_blocks == 32
     with pytest.raises(ValueError, match="width=0"):
         BeamSearch(m, "x", [1], width=0)
+
+
+def test_select_beams_is_one_rule_for_the_lesson_and_the_engine():
+    """The best 2 * width by score, ties in the order given; <eos> ones finish, the first width
+    others survive. Without an end token (the lesson's BeamSearch) that is the width best."""
+    c = [Candidate("a", 1, -2.0), Candidate("b", 9, -1.0), Candidate("a", 2, -1.0),
+         Candidate("b", 3, -0.5), Candidate("a", 4, -3.0)]
+    assert select_beams(c, 2) == ([c[3], c[1]], [])
+    survivors, finished = select_beams(c, 2, eos_id=9)
+    assert survivors == [c[3], c[2]] and finished == [c[1]]   # c[0] (4th) comes too late
+    assert select_beams(c, 1, eos_id=3) == ([c[1]], [c[3]])
 
 
 @pytest.mark.parametrize("bad, exc, words", [

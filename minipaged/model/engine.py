@@ -8,29 +8,20 @@ What it teaches: how the pieces of the course become a serving engine (vLLM sect
       (../serving/swap.py)
     PagedRunner (runner.py)       the K/V arrays and one packed forward pass per step
     sampling.py                   the next token (greedy, seeded sampling, beam search)
-    engine_samples.py             the engine's records of samples, parallel samples, outputs
+    engine_samples.py             the request records; sampling and parallel samples
     engine_beams.py               beam search: beams forked and dropped as sequences of a group
 
-One step of ``generate``: ``schedule()`` returns the plan; the runner applies its swap-outs,
-swap-ins and copy-on-write copies, then runs the step's prefill chunks and decodes in one forward
-pass (K/V written with reshape_and_cache, read with paged attention); the engine samples a token
-for every sequence that wants one and hands them to ``update()``. Parallel samples are forked
-from the prompt after its prefill (vLLM v0: the prompt's blocks are shared, the partly filled
-last block copied on the first write); beams are forked and dropped each step. With
-``enable_prefix_caching=True`` forking is off (vLLM v1): the n samples become n requests whose
-full prompt blocks are found in the prefix cache instead.
-
-The scheduler finishes a sequence when it reaches its output length; a sequence that ends
-earlier (<eos>, a stop string, a beam search that is done) is ended by the engine with
-``Scheduler.finish_seq`` right after ``update``, which frees it exactly as ``update`` would.
+``generate`` checks the requests and makes their records, ``_run`` admits each at its arrival
+step and steps until all are done. One ``_step``: ``schedule()`` returns the plan; the runner
+applies its swap-outs, swap-ins and copy-on-write copies, then runs the step's prefill chunks and
+decodes in one forward pass (K/V written with reshape_and_cache, read with paged attention); the
+call's decoder object (engine_samples.Samples, or engine_beams.Beams for beam search), handed the
+records explicitly, picks the tokens that ``update()`` appends, forks or drops, then ends the
+sequences that ended early. With ``enable_prefix_caching=True`` parallel samples are not forked
+(vLLM v1): the n samples become n requests whose full prompt blocks come out of the prefix cache.
 
 The oracle is reference.py: the same model, a contiguous cache per sequence, no sharing, no
 batching. tests/test_engine.py checks that both produce the same tokens for every request.
-
-This module holds the loop: ``generate`` checks and admits the requests, ``_run`` steps until
-all are done, ``_step`` is one step; what the engine does with a step's logits is in
-engine_samples.py (sampling, parallel samples) and engine_beams.py (beam search), whose methods
-``LLM`` inherits.
 
 Read before: runner.py, ../serving/scheduler.py. Read next: engine_samples.py, engine_beams.py, then
 lessons/09_model_end_to_end.py.
@@ -45,11 +36,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from minipaged.model.decoder import Decoder
-from minipaged.model.engine_beams import BeamSearchMixin
-from minipaged.model.engine_samples import SamplingMixin, _Request, _SeqState
+from minipaged.model.engine_beams import Beams
+from minipaged.model.engine_samples import RequestRecord, Samples
 from minipaged.model.runner import PagedRunner, SeqWork
-from minipaged.model.sampling import Beam, RequestOutput, SamplingParams, resolve_seed
-from minipaged.model.tokenizer import CharTokenizer, prompt_ids
+from minipaged.model.sampling import RequestOutput, SamplingParams, max_new_tokens, resolve_seed
+from minipaged.model.tokenizer import CharTokenizer, encode_prompts
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
@@ -73,7 +64,7 @@ class StepStats:
     num_free_blocks: int
 
 
-class LLM(SamplingMixin, BeamSearchMixin):
+class LLM:
     """A paged generation engine over a Decoder.
 
     model                     a Decoder, a Hugging Face model directory (hf.py), or None
@@ -133,18 +124,6 @@ class LLM(SamplingMixin, BeamSearchMixin):
         self.num_steps = 0
         self.on_step = None        # callback(StepStats) after every step (--show-blocks)
 
-    # ---- validation --------------------------------------------------------------------------
-    def _encode(self, prompts) -> list[list[int]]:
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
-        return [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
-                for i, p in enumerate(prompts)]
-
-    def _output_len(self, ids, params) -> int:
-        return min(params.max_tokens, self.model.cfg.max_seq_len - len(ids))
-
     def _new_manager(self) -> KVCacheManager:
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
@@ -157,12 +136,13 @@ class LLM(SamplingMixin, BeamSearchMixin):
         the step at which prompt i joins the running batch (continuous batching). ``params``
         may be a list, one per prompt, that differ only in max_tokens (as vLLM's LLM.generate
         takes a list of SamplingParams; here the rest must agree)."""
-        per_prompt = params if isinstance(params, (list, tuple)) else None
-        params = SamplingParams() if params is None else per_prompt[0] if per_prompt else params
+        texts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
+        params = SamplingParams() if params is None else params
+        per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(encoded)
+        params = per_prompt[0] if per_prompt else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        per_prompt = per_prompt or [params] * (1 if isinstance(prompts, str) else len(prompts))
-        if len(per_prompt) != (1 if isinstance(prompts, str) else len(prompts)) or any(
+        if len(per_prompt) != len(encoded) or any(
                 not isinstance(q, SamplingParams) or replace(q, max_tokens=1) != replace(
                     params, max_tokens=1) for q in per_prompt):
             raise ValueError("a list of params needs one SamplingParams per prompt, differing "
@@ -170,39 +150,35 @@ class LLM(SamplingMixin, BeamSearchMixin):
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
-        encoded = self._encode(prompts)
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        prompts = [p if isinstance(p, str) else self.tokenizer.decode(p, skip_special=False)
-                   for p in prompts]
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
         # full prompt blocks come out of the prefix cache.
         split = params.n > 1 and self.enable_prefix_caching
+        out_lens = [max_new_tokens(q, len(ids), self.model.cfg.max_seq_len)
+                    for q, ids in zip(per_prompt, encoded)]
         for i, ids in enumerate(encoded):
             # Refused up front, before anything runs: a request that could not run to its end
             # even alone in an empty pool (the scheduler's own rule).
-            final_len = len(ids) + self._output_len(ids, per_prompt[i]) - 1
-            reason = sched.refusal(1 if split else params.num_seqs, final_len)
+            reason = sched.refusal(1 if split else params.num_seqs, len(ids) + out_lens[i] - 1)
             if reason is not None:
                 raise ValueError(f"prompts[{i}] {reason}: raise num_blocks or lower max_tokens")
-        if arrival_steps is None:
-            arrival_steps = [0] * len(encoded)
-        arrival_steps = list(arrival_steps)
+        arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
         if len(arrival_steps) != len(encoded) or any(
                 isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0
                 for a in arrival_steps):
             raise ValueError(f"arrival_steps must hold one int >= 0 per prompt "
                              f"({len(encoded)}), got {arrival_steps!r:.80}")
-        self._params, self._seed = params, resolve_seed(params)
-        self._return_logits = return_logits
-        self._first_token: dict[int, float] = {}
-        self._reqs: list[_Request] = []
-        for i, ids in enumerate(encoded):
-            for j in range(params.n if split else 1):
-                self._reqs.append(_Request(i, ids, first_index=j, params=per_prompt[i]))
-        self._live: dict[int, _SeqState] = {}
+        # This call's records, shared explicitly with its decoder object (engine_samples.py)
+        reqs = [RequestRecord(i, ids, out_lens[i], first_index=j)
+                for i, ids in enumerate(encoded) for j in range(params.n if split else 1)]
+        if params.beam_width > 1:
+            decoder = Beams(reqs, params.beam_width, self.tokenizer)
+        else:
+            decoder = Samples(reqs, params, resolve_seed(params), self.tokenizer,
+                              by_fork=not split, return_logits=return_logits)
         try:
-            self.num_steps += self._run(sched, [int(a) for a in arrival_steps], split)
+            self.num_steps += self._run(sched, decoder, reqs, [int(a) for a in arrival_steps],
+                                        1 if split else params.n, params.beam_width)
         except BaseException:
             # Interrupted (an on_step callback raised, Ctrl-C): the manager may still hold this
             # call's sequences and, with prefix caching, blocks registered by hash whose K/V
@@ -210,37 +186,40 @@ class LLM(SamplingMixin, BeamSearchMixin):
             # next generate is exact.
             self.manager = self._new_manager()
             raise
-        return self._collect(prompts, encoded)
+        results = [RequestOutput(i, texts[i], ids) for i, ids in enumerate(encoded)]
+        for r, req in enumerate(reqs):
+            results[req.prompt_index].outputs += decoder.outputs(r)
+        for res in results:
+            res.outputs.sort(key=lambda o: o.index)
+            times = [q.first_token for q in reqs
+                     if q.prompt_index == res.request_id and q.first_token is not None]
+            res.first_token_time = min(times, default=None)
+        return results
 
-    def _run(self, sched: Scheduler, arrival_steps: list[int], split: bool) -> int:
+    def _run(self, sched: Scheduler, decoder, reqs: list[RequestRecord],
+             arrival_steps: list[int], n: int, beam_width: int) -> int:
         """The scheduling loop: each request joins at its arrival step, then one step at a time
         until all are done; an idle engine jumps straight to the next arrival. Returns the
         number of steps run."""
-        params = self._params
-        pending = deque(sorted(range(len(self._reqs)),
-                               key=lambda r: arrival_steps[self._reqs[r].prompt_index]))
+        pending = deque(sorted(range(len(reqs)),
+                               key=lambda r: arrival_steps[reqs[r].prompt_index]))
         step = steps_run = 0
         while pending or sched.has_unfinished():
             if not sched.has_unfinished():
-                step = max(step, arrival_steps[self._reqs[pending[0]].prompt_index])
-            while pending and arrival_steps[self._reqs[pending[0]].prompt_index] <= step:
+                step = max(step, arrival_steps[reqs[pending[0]].prompt_index])
+            while pending and arrival_steps[reqs[pending[0]].prompt_index] <= step:
                 r = pending.popleft()
-                req = self._reqs[r]
-                req.group = sched.add_request(
-                    r, req.ids, self._output_len(req.ids, req.params), arrival_s=float(step),
-                    n=1 if split else params.n, beam_width=params.beam_width)
-                st = _SeqState(r, req.first_index)
-                req.states.append(st)
-                self._live[req.group.seqs[0].seq_id] = st
-                if params.beam_width > 1:
-                    req.beams[req.group.seqs[0].seq_id] = Beam([], 0.0)
+                req = reqs[r]
+                req.group = sched.add_request(r, req.ids, req.out_len, arrival_s=float(step),
+                                              n=n, beam_width=beam_width)
+                decoder.admit(r, req.group.seqs[0])
             if sched.has_unfinished():  # (always: every request passed the refusal check)
-                self._step(sched, step)
+                self._step(sched, decoder, step)
                 steps_run += 1
             step += 1
         return steps_run
 
-    def _step(self, sched: Scheduler, step: int) -> None:
+    def _step(self, sched: Scheduler, decoder, step: int) -> None:
         out = sched.schedule()
         if out.is_empty:  # the scheduler raises first; this guards any other scheduler
             raise NoProgressError(f"step {step}: {sched.stall_report()}")
@@ -264,15 +243,9 @@ class LLM(SamplingMixin, BeamSearchMixin):
             work.append(SeqWork([s.token_ids[-1]], n - 1, m.slot_mapping(s.seq_id, n - 1, n),
                                 m.block_table(s.seq_id)))
         logits = r.execute(work)       # one per out.sampled: finishing prefills, then decodes
-        if self._params.beam_width > 1:
-            samples = self._beam_samples(out.sampled, logits)
-        else:
-            samples = self._samples(out.sampled, logits)
+        samples = decoder.samples(out.sampled, logits)
         sched.update(out, StepResult(0.0, samples), float(step))
-        if self._params.beam_width > 1:
-            self._beam_after_update(sched, out, samples, step)
-        else:
-            self._after_update(sched, out, samples, step)
+        decoder.after_update(sched, out, step)
         if self.on_step is not None:
             self.on_step(StepStats(step, out.num_prefill_tokens, len(out.decodes),
                                    list(out.blocks_to_copy), len(out.blocks_to_swap_out),

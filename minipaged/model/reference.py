@@ -29,12 +29,14 @@ from minipaged.model.sampling import (
     SamplingParams,
     apply_stop,
     beam_step,
+    best_hypotheses,
     finish_reason,
     log_softmax,
+    max_new_tokens,
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer, prompt_ids
+from minipaged.model.tokenizer import CharTokenizer, encode_prompts
 
 ATTENTIONS = ("dense", "torch")
 
@@ -99,10 +101,7 @@ class ReferenceGenerator:
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
         params = params or SamplingParams()
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        encoded = [prompt_ids(self.tokenizer, p, i, self.model.cfg.max_seq_len)
-                   for i, p in enumerate(prompts)]
+        prompts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
         seed = resolve_seed(params)
         results = []
         for rid, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -118,14 +117,14 @@ class ReferenceGenerator:
     def _sample(self, ids, params, seed, index, return_logits) -> CompletionOutput:
         cache = ContiguousCache(self.model, self.dtype)
         logits = self._forward(cache, ids)
+        out_len = max_new_tokens(params, len(ids), self.model.cfg.max_seq_len)
         out, seen, cum = [], [], 0.0
         while True:
             seen.append(logits)
             tok = sample_token(logits, params, seed, index, len(out))
             cum += float(log_softmax(logits)[tok])
             out.append(tok)
-            reason = finish_reason(out, len(ids), params, self.model.cfg.max_seq_len,
-                                   self.tokenizer.eos_ids, self.tokenizer.decode)
+            reason = finish_reason(out, out_len, params, self.tokenizer)
             if reason is not None:
                 break
             logits = self._forward(cache, [tok])
@@ -135,9 +134,8 @@ class ReferenceGenerator:
 
     def _beam_search(self, ids, params) -> list[CompletionOutput]:
         k, eos = params.beam_width, self.tokenizer.eos_id
-        cache = ContiguousCache(self.model, self.dtype)
-        live = [Beam([], 0.0)]
-        caches, logits = [cache], [self._forward(cache, ids)]
+        live, caches = [Beam([], 0.0)], [ContiguousCache(self.model, self.dtype)]
+        logits = [self._forward(caches[0], ids)]
         finished: list[tuple[Beam, str]] = []
         while True:
             survivors, done = beam_step(live, [log_softmax(lg) for lg in logits], k, eos)
@@ -148,10 +146,8 @@ class ReferenceGenerator:
             steps = len(live[0].tokens) if live else 0
             if len(finished) >= k or not live:
                 break
-            if steps >= params.max_tokens or len(ids) + steps >= self.model.cfg.max_seq_len:
+            if steps >= max_new_tokens(params, len(ids), self.model.cfg.max_seq_len):
                 finished.extend((b, "length") for b in live)
                 break
             logits = [self._forward(c, [b.tokens[-1]]) for c, b in zip(caches, live)]
-        ranked = sorted(finished, key=lambda br: -br[0].score())[:k]   # stable on ties
-        return [CompletionOutput(i, self.tokenizer.decode(b.tokens), b.tokens, b.cum_logprob,
-                                 reason) for i, (b, reason) in enumerate(ranked)]
+        return best_hypotheses(finished, k, self.tokenizer.decode)

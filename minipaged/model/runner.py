@@ -1,6 +1,6 @@
 """The model runner: paged K/V arrays per layer, and one packed forward pass per step.
 
-What it teaches: vLLM's *worker* side. The block manager (kv_cache.py) decides which physical
+What it teaches: vLLM's *worker* side. The block manager (../serving/swap.py) decides which physical
 block holds which token; the runner owns the arrays those block ids index, one pair per layer,
 
     key_caches[layer], value_caches[layer]: [NB, Hkv, BS, D]   (one block table for all layers)
@@ -21,7 +21,7 @@ step's new K/V. A swap-out must read its blocks before a swap-in or a copy may r
 Shapes: T packed tokens, S sequences, H query heads, Hkv KV heads, D head size, NB blocks,
 BS block size, MB max blocks per sequence, V vocabulary.
 
-Read before: decoder.py, ../kv_cache.py, ../paged_attention.py. Read next: engine.py.
+Read before: decoder.py, ../paged/cache_ops.py, ../paged/paged_attention.py. Read next: engine.py.
 """
 
 from __future__ import annotations
@@ -98,13 +98,12 @@ def _pad_tables(tables: list[list[int]]) -> np.ndarray:
 
 class PagedRunner:
     def __init__(self, model: Decoder, num_blocks: int, block_size: int, *,
-                 num_cpu_blocks: int = 0, backend: str = "numpy",
-                 attention_method: str = "gather"):
+                 num_cpu_blocks: int = 0, backend: str = "numpy"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         from minipaged.serving.swap import CPUBlockPool
 
-        self.model, self.backend, self.method = model, backend, attention_method
+        self.model, self.backend = model, backend
         c = model.cfg
         torch_dtype = next(model.parameters()).dtype
         self.dtype = torch.empty((), dtype=torch_dtype).numpy().dtype
@@ -117,14 +116,14 @@ class PagedRunner:
         else:
             self._setup_cuda(block_size)
         shape = (num_blocks, c.n_kv_heads, block_size, c.head_dim)       # [NB, Hkv, BS, D]
-        if self.device is None:
-            self.key_caches = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
-            self.value_caches = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
-        else:
-            self.key_caches = [torch.zeros(shape, dtype=torch_dtype, device=self.device)
-                               for _ in range(c.n_layers)]
-            self.value_caches = [torch.zeros(shape, dtype=torch_dtype, device=self.device)
-                                 for _ in range(c.n_layers)]
+
+        def zeros():
+            if self.device is None:
+                return np.zeros(shape, self.dtype)
+            return torch.zeros(shape, dtype=torch_dtype, device=self.device)
+
+        self.key_caches = [zeros() for _ in range(c.n_layers)]
+        self.value_caches = [zeros() for _ in range(c.n_layers)]
         self.cpu_pools = [CPUBlockPool(num_cpu_blocks, c.n_kv_heads, block_size, c.head_dim,
                                        self.dtype) for _ in range(c.n_layers)] \
             if num_cpu_blocks else []
@@ -157,11 +156,11 @@ class PagedRunner:
         # version=None: the launcher chooses per call (minipaged/cuda/checks.py,
         # choose_version): the grouped kernels (one block per KV head) whenever the model has
         # fewer KV heads than query heads, single pass or partitioned by vLLM's rule
-        def decode(q, kc, vc, bt, sl, *, scale, method):
+        def decode(q, kc, vc, bt, sl, *, scale):
             return launch.paged_attention(q, kc, vc, bt, sl, scale=scale, backend=kernels,
                                           version=None)
 
-        def prefill(q, kc, vc, bt, sl, ql, *, scale, method):
+        def prefill(q, kc, vc, bt, sl, ql, *, scale):
             # host metadata (the GPU path passes NumPy here and moves the results over)
             rows = np.repeat(np.arange(len(ql)), ql)                     # row -> sequence
             starts = np.repeat(sl - ql, ql)                              # chunk start position
@@ -182,10 +181,6 @@ class PagedRunner:
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.key_caches + self.value_caches)
 
     # ---- data movement ---------------------------------------------------------------------
     def swap_out(self, mapping: list[tuple[int, int]]) -> None:
@@ -225,9 +220,8 @@ class PagedRunner:
             return []
         # Decodes (one query token) go first in the packed batch, prefill chunks after, so
         # each attention kernel gets one contiguous range of rows.
-        order = sorted(range(len(work)), key=lambda i: len(work[i].tokens) != 1)
-        dec = [work[i] for i in order if len(work[i].tokens) == 1]
-        pre = [work[i] for i in order if len(work[i].tokens) != 1]
+        dec = [w for w in work if len(w.tokens) == 1]
+        pre = [w for w in work if len(w.tokens) != 1]
         items = dec + pre
         dev = self.device
         # host metadata -> where the pages live: nothing to do for the NumPy-side backends, one
@@ -258,11 +252,9 @@ class PagedRunner:
             # Write first: a token attends to itself, so its K/V must be in the page already.
             self._write(k, v, kc, vc, slots)
             if dec:
-                out[:nd] = self._decode_attn(q[:nd], kc, vc, bt_d, sl_d, scale=self.scale,
-                                             method=self.method)
+                out[:nd] = self._decode_attn(q[:nd], kc, vc, bt_d, sl_d, scale=self.scale)
             if pre:
-                out[nd:] = self._prefill_attn(q[nd:], kc, vc, bt_p, sl_p, ql_p,
-                                              scale=self.scale, method=self.method)
+                out[nd:] = self._prefill_attn(q[nd:], kc, vc, bt_p, sl_p, ql_p, scale=self.scale)
             return torch.from_numpy(out) if dev is None else out
 
         # The last row of each item that wants logits.
@@ -271,7 +263,6 @@ class PagedRunner:
         logits = self.model.forward_packed(tokens, positions, attend,
                                            logit_rows=torch.tensor(rows, dtype=torch.long,
                                                                    device=dev))
-        logits = logits.cpu().numpy()            # [rows, V]; on the host already but for "cupy"
-        it = iter(logits)
-        by_item = {id(w): next(it) for w in items if w.want_logits}
+        rows = iter(logits.cpu().numpy())        # [rows, V]; on the host already but for "cupy"
+        by_item = {id(w): next(rows) for w in items if w.want_logits}
         return [by_item[id(w)] for w in work if w.want_logits]

@@ -12,7 +12,8 @@ Beam search (vLLM v0 style): each step every live beam proposes candidates, the 
 ending in <eos> become finished hypotheses, the first ``beam_width`` others stay live. It stops
 when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps; hypotheses are ranked
 by cumulative log-probability divided by their length. ``beam_step`` below is the one
-implementation; the engine shares the survivors' blocks by fork, the reference copies caches.
+implementation (its selection is sharing/sampling.select_beams, lesson 04's too); the engine
+shares the survivors' blocks by fork, the reference copies caches.
 
 Read next: reference.py, engine.py.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from minipaged.sharing.sampling import Candidate, select_beams
 
 
 @dataclass(frozen=True)
@@ -48,40 +51,28 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        def _int(name, lo):
+        for name, low in (("max_tokens", 1), ("top_k", 0), ("n", 1), ("beam_width", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"SamplingParams.{name} must be an int, got {v!r}")
-            if v < lo:
-                raise ValueError(f"SamplingParams.{name} must be >= {lo}, got {v}")
-
-        _int("max_tokens", 1)
-        _int("top_k", 0)
-        _int("n", 1)
-        _int("beam_width", 1)
+            if v < low:
+                raise ValueError(f"SamplingParams.{name} must be >= {low}, got {v}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
-        if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
-                    or self.seed < 0:
-                raise ValueError(f"SamplingParams.seed must be None or an int >= 0, "
-                                 f"got {self.seed!r}")
-        if self.beam_width > 1:
-            if self.n != 1:
-                raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width}"
-                                 f" beams; n must be 1, got n={self.n}")
-            if t != 0:
-                raise ValueError(f"SamplingParams: beam search is deterministic; temperature "
-                                 f"must be 0, got {t}")
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if stop is None:
-            stop = ()
-        stop = tuple(stop)
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                                 or seed < 0):
+            raise ValueError(f"SamplingParams.seed must be None or an int >= 0, got {seed!r}")
+        if self.beam_width > 1 and self.n != 1:
+            raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width} "
+                             f"beams; n must be 1, got n={self.n}")
+        if self.beam_width > 1 and t != 0:
+            raise ValueError(f"SamplingParams: beam search is deterministic; temperature must "
+                             f"be 0, got {t}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {s!r}")
@@ -145,12 +136,8 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, sample_i
 
 def apply_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     """(text cut before the earliest stop string, whether one occurred)."""
-    cut = -1
-    for s in stop:
-        i = text.find(s)
-        if i >= 0 and (cut < 0 or i < cut):
-            cut = i
-    return (text[:cut], True) if cut >= 0 else (text, False)
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[:min(cuts)], True) if cuts else (text, False)
 
 
 @dataclass
@@ -163,36 +150,46 @@ class Beam:
 
 
 def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos_id: int
-              ) -> tuple[list[tuple[int, int, float]], list[Beam]]:
-    """One beam-search step.
+              ) -> tuple[list[Candidate], list[Beam]]:
+    """One beam-search step: each live beam proposes its ``2 * beam_width`` likeliest tokens
+    (as vLLM v0 does), and ``select_beams`` (sharing/sampling.py, the rule of lesson 04's
+    BeamSearch too) picks among them.
 
     live: the live beams; logprobs[i] [V] is beam i's next-token log-probabilities.
-    Returns (survivors, finished): survivors are (parent index, token, cumulative logprob) for
-    the next live beams, best first; finished are new hypotheses that ended with <eos>.
-    Ties are broken by parent index, then token id, so every implementation agrees."""
-    cands = []
-    for i, (beam, lp) in enumerate(zip(live, logprobs)):
-        top = np.argsort(-lp, kind="stable")[: 2 * beam_width]
-        cands.extend((beam.cum_logprob + float(lp[t]), i, int(t)) for t in top)
-    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-    survivors, finished = [], []
-    for score, i, t in cands[: 2 * beam_width]:
-        if t == eos_id:
-            finished.append(Beam(live[i].tokens + [t], score))
-        elif len(survivors) < beam_width:
-            survivors.append((i, t, score))
-    return survivors, finished
+    Returns (survivors, finished): survivors are Candidates (parent index, token, cumulative
+    logprob) for the next live beams, best first; finished are new hypotheses that ended with
+    <eos>. Candidates are listed by parent index, then token id, so that ties are broken that
+    way and every implementation agrees."""
+    cands = [Candidate(i, int(t), beam.cum_logprob + float(lp[t]))
+             for i, (beam, lp) in enumerate(zip(live, logprobs))
+             for t in sorted(np.argsort(-lp, kind="stable")[: 2 * beam_width])]
+    survivors, finished = select_beams(cands, beam_width, eos_id)
+    return survivors, [Beam(live[c.parent].tokens + [c.token], c.score) for c in finished]
 
 
-def finish_reason(out_tokens: list[int], prompt_len: int, params: SamplingParams,
-                  max_seq_len: int, eos_ids, decode) -> str | None:
+def best_hypotheses(finished: list[tuple[Beam, str]], beam_width: int, decode
+                    ) -> list[CompletionOutput]:
+    """A finished beam search's completions: its best ``beam_width`` (hypothesis, reason) pairs
+    by length-normalised score (a stable sort: ties keep the order they finished in)."""
+    ranked = sorted(finished, key=lambda br: -br[0].score())[:beam_width]
+    return [CompletionOutput(i, decode(b.tokens), b.tokens, b.cum_logprob, reason)
+            for i, (b, reason) in enumerate(ranked)]
+
+
+def max_new_tokens(params: SamplingParams, prompt_len: int, max_seq_len: int) -> int:
+    """New tokens a completion may get: max_tokens, fewer where the model's positions end."""
+    return min(params.max_tokens, max_seq_len - prompt_len)
+
+
+def finish_reason(out_tokens: list[int], out_len: int, params: SamplingParams,
+                  tokenizer) -> str | None:
     """Why a sample ends after its newest token, or None to go on. Shared by both generators:
-    an end-of-sequence id (any of ``eos_ids``, unless ignore_eos) or a stop string -> "stop";
-    max_tokens or the model's max_seq_len -> "length"."""
-    if out_tokens[-1] in eos_ids and not params.ignore_eos:
+    an end-of-sequence id (any of ``tokenizer.eos_ids``, unless ignore_eos) or a stop string
+    -> "stop"; ``out_len`` tokens (``max_new_tokens``) -> "length"."""
+    if out_tokens[-1] in tokenizer.eos_ids and not params.ignore_eos:
         return "stop"
-    if params.stop and apply_stop(decode(out_tokens), params.stop)[1]:
+    if params.stop and apply_stop(tokenizer.decode(out_tokens), params.stop)[1]:
         return "stop"
-    if len(out_tokens) >= params.max_tokens or prompt_len + len(out_tokens) >= max_seq_len:
+    if len(out_tokens) >= out_len:
         return "length"
     return None

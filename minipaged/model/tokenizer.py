@@ -26,6 +26,7 @@ CHARS = "\t\n" + "".join(chr(c) for c in range(32, 127))
 VOCAB_SIZE = len(SPECIALS) + len(CHARS)  # 100
 
 _CHAR_TO_ID = {ch: i + len(SPECIALS) for i, ch in enumerate(CHARS)}
+_ID_TO_TEXT = SPECIALS + tuple(CHARS)
 assert set(CHARS) >= set(string.digits + string.ascii_letters + string.punctuation + " \n")
 
 
@@ -51,15 +52,11 @@ class CharTokenizer:
 
     def decode(self, ids, *, skip_special: bool = True) -> str:
         out = []
-        for tid in ids:
-            tid = int(tid)
+        for tid in map(int, ids):
             if not 0 <= tid < VOCAB_SIZE:
                 raise ValueError(f"token id {tid} is out of range [0, {VOCAB_SIZE})")
-            if tid < len(SPECIALS):
-                if not skip_special:
-                    out.append(SPECIALS[tid])
-                continue
-            out.append(CHARS[tid - len(SPECIALS)])
+            if not (skip_special and tid < len(SPECIALS)):
+                out.append(_ID_TO_TEXT[tid])
         return "".join(out)
 
 
@@ -80,3 +77,15 @@ def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
         raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); the "
                          f"model's max_seq_len is {max_seq_len}")
     return ids
+
+
+def encode_prompts(tokenizer, prompts, max_seq_len: int) -> tuple[list[str], list[list[int]]]:
+    """(text, token ids) of each prompt; ``prompts`` is one str or a non-empty list of them (or
+    of token-id lists, whose text is decoded with the special tokens shown)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
+    ids = [prompt_ids(tokenizer, p, i, max_seq_len) for i, p in enumerate(prompts)]
+    return [p if isinstance(p, str) else tokenizer.decode(p, skip_special=False)
+            for p in prompts], ids

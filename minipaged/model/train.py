@@ -47,20 +47,17 @@ class TrainSettings:
 
 def make_batch(rng: random.Random, starts, batch_size: int, tok: CharTokenizer):
     import torch
+    from torch.nn.utils.rnn import pad_sequence
 
     rows, masks = [], []
     for _ in range(batch_size):
         prompt, answer = corpus.sample_document(rng, starts)
         p = tok.encode(prompt)
         a = tok.encode(answer, bos=False) + [EOS]
-        rows.append(p + a)
-        masks.append([0] * len(p) + [1] * len(a))
-    width = max(len(r) for r in rows)
-    x = torch.full((batch_size, width), PAD, dtype=torch.long)
-    m = torch.zeros((batch_size, width), dtype=torch.bool)
-    for i, (r, mk) in enumerate(zip(rows, masks)):
-        x[i, : len(r)] = torch.tensor(r)
-        m[i, : len(mk)] = torch.tensor(mk, dtype=torch.bool)
+        rows.append(torch.tensor(p + a))
+        masks.append(torch.tensor([False] * len(p) + [True] * len(a)))
+    x = pad_sequence(rows, batch_first=True, padding_value=PAD)       # [B, longest row]
+    m = pad_sequence(masks, batch_first=True)                         # False on the padding
     # Predict token t+1 from tokens 0..t; the loss counts only completion targets.
     return x[:, :-1], x[:, 1:], m[:, 1:]
 

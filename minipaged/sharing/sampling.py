@@ -4,8 +4,9 @@ What this teaches (lesson 04): the two decoding algorithms that vLLM's paper sha
 (section 4.4). Parallel sampling by fork (vLLM v0) allocates the prompt once and forks it; as n
 requests (vLLM v1 fans n > 1 out: vllm/v1/engine/parallel_sampling.py) it allocates the prompt n
 times and the full blocks are prefix-cache hits. Beam search keeps the k best candidates each
-step: a beam chosen twice is forked, a beam not chosen is freed. Both work with prefix caching on,
-as in vLLM v0. The paper measured 37.6-55.2% fewer blocks for beam widths 2-6 and 6.1-9.8% for
+step (``select_beams``, the engine's rule too; these beams never end, the engine's end in <eos>):
+a beam chosen twice is forked, a beam not chosen is freed. Both work with prefix caching on, as
+in vLLM v0. The paper measured 37.6-55.2% fewer blocks for beam widths 2-6 and 6.1-9.8% for
 parallel sampling (Fig. 15); ``blocks_without_sharing`` is the baseline. Every helper checks its
 arguments and the room it needs first: all or nothing.
 
@@ -14,9 +15,8 @@ Read before: ``sharing/sequence.py``. Read next: ``sharing/prefix_cache.py``.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from minipaged._checks import OutOfBlocksError, cdiv, check_float, check_int, check_token_ids
 from minipaged.sharing.cow import CowBlockManager
@@ -41,8 +41,7 @@ def _new_seq(group: SequenceGroup, token_ids: list[int]) -> Sequence:
 
 
 def fork_seq(mgr: CowBlockManager, group: SequenceGroup, parent_id: Hashable) -> Hashable:
-    """A new sequence of ``group`` sharing every block (and so every K/V) of ``parent_id``;
-    returns its id."""
+    """A new sequence of ``group`` sharing every block (so every K/V) of ``parent_id``: its id."""
     parent = next((s for s in group.seqs if s.seq_id == parent_id), None)
     if parent is None:
         raise KeyError(f"parent_id={parent_id!r} is not a live sequence of the group")
@@ -62,8 +61,7 @@ def start_parallel_sampling(mgr: CowBlockManager, request_id: Hashable, prompt: 
     n = check_int("n", n, low=1)
     tokens = check_token_ids("prompt", prompt)
     caching = getattr(mgr, "enable_prefix_caching", False)  # a later stage's manager may cache
-    if by_fork is None:
-        by_fork = not caching
+    by_fork = not caching if by_fork is None else by_fork
     group = SequenceGroup(request_id, prompt_len=len(tokens), n=n)
     first = _new_seq(group, tokens)
     if not by_fork and n > 1:
@@ -87,8 +85,7 @@ def start_parallel_sampling(mgr: CowBlockManager, request_id: Hashable, prompt: 
 
 def append_group(mgr: CowBlockManager, group: SequenceGroup,
                  tokens: Mapping[Hashable, int]) -> dict[Hashable, int]:
-    """One decode step, all or nothing: append ``tokens[seq]`` to every sequence of the group;
-    returns the slots."""
+    """One decode step, all or nothing: ``tokens[seq]`` joins each sequence; returns the slots."""
     ids = group.seq_ids
     if set(tokens) != set(ids):
         raise ValueError(f"tokens must give one token for each of {ids}, "
@@ -115,8 +112,7 @@ def free_group(mgr: CowBlockManager, group: SequenceGroup) -> None:
     group.seqs.clear()
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One proposed continuation: beam ``parent`` followed by ``token``, with total ``score``
     (higher is better, e.g. the sum of log-probabilities; finite)."""
 
@@ -125,11 +121,20 @@ class Candidate:
     score: float
 
 
+def select_beams(cands: list[Candidate], width: int, eos_id: int | None = None) -> tuple:
+    """Beam search's one selection rule (vLLM v0's), the engine's too: of the best 2 * width
+    candidates by score (ties in the order given), those ending in ``eos_id`` finish and the
+    first ``width`` others survive. Returns (survivors, finished), best first each."""
+    ranked = sorted(cands, key=lambda c: -c.score)[: 2 * width]
+    finished = [c for c in ranked if c.token == eos_id]
+    return [c for c in ranked if c.token != eos_id][:width], finished
+
+
 class BeamSearch:
-    """Beam search of width k over one prompt. ``step(candidates)`` keeps the k best: a beam
-    chosen c times continues and is forked c - 1 times; a beam not chosen is freed *first* (the
-    forks' copy-on-write may need its blocks). Returns each new token's slot, for
-    ``reshape_and_cache`` once ``mgr.take_copies()`` is applied."""
+    """Beam search of width k over one prompt. ``step(candidates)`` keeps the k best
+    (``select_beams``, no end token): a beam chosen c times continues and is forked c - 1 times;
+    a beam not chosen is freed *first* (the forks' copy-on-write may need its blocks). Returns
+    each new token's slot, for ``reshape_and_cache`` once ``mgr.take_copies()`` is applied."""
 
     def __init__(self, mgr: CowBlockManager, request_id: Hashable, prompt: Iterable[int],
                  width: int) -> None:
@@ -149,28 +154,23 @@ class BeamSearch:
         cands = list(candidates)
         if not cands:
             raise ValueError("candidates is empty: every step needs at least one")
-        alive = set(self.beams)
         for i, c in enumerate(cands):
             if not isinstance(c, Candidate):
                 raise TypeError(f"candidates[{i}]={c!r:.60} must be a Candidate")
-            if c.parent not in alive:
+            if c.parent not in self.beams:
                 raise ValueError(f"candidates[{i}].parent={c.parent!r} is not a live beam "
-                                 f"(live: {sorted(alive, key=repr)})")
+                                 f"(live: {sorted(self.beams, key=repr)})")
             check_int(f"candidates[{i}].token", c.token, low=0)
             check_float(f"candidates[{i}].score", c.score)
-        best = heapq.nlargest(self.width, cands, key=lambda c: c.score)
+        best, _ = select_beams(cands, self.width)
         if len(best) > self.mgr.num_free_blocks:
             # A survivor needs at most one block (new, or a copy): all or nothing.
             raise OutOfBlocksError(len(best), self.mgr.num_free_blocks,
                                    f"for {len(best)} beams of {self.group.request_id!r}")
-        chosen: dict[Hashable, list[Candidate]] = {}
-        for c in best:
-            chosen.setdefault(c.parent, []).append(c)
-        for seq in list(self.group.seqs):  # dropped beams first: they give blocks back
-            if seq.seq_id not in chosen:
-                self.mgr.free(seq.seq_id)
-                self.group.seqs.remove(seq)
-                del self.scores[seq.seq_id]
+        chosen = {c.parent: [d for d in best if d.parent == c.parent] for c in best}  # best first
+        for s in self.beams:  # dropped beams first: they give blocks back
+            if s not in chosen:
+                self.mgr.free(s)
         moves: list[tuple[Hashable, Candidate]] = []  # each forked child right after its parent
         for parent, cs in chosen.items():
             moves.append((parent, cs[0]))
@@ -178,7 +178,7 @@ class BeamSearch:
         by_id = {seq.seq_id: seq for seq in self.group.seqs}
         self.group.seqs = [by_id[s] for s, _ in moves]
         slots = {s: _append(self.mgr, by_id[s], c.token) for s, c in moves}
-        self.scores.update((s, float(c.score)) for s, c in moves)
+        self.scores = {s: float(c.score) for s, c in moves}  # live beams only
         return slots
 
     def finish(self) -> dict[Hashable, list[int]]:
