@@ -120,6 +120,16 @@ def reading(flag: str, value: str):
 
 # ---- output helpers ----------------------------------------------------------------------------
 
+def table(title: str, columns, *, left=(), **kw):
+    """A rich Table with these columns: figures right-justified, the ``left`` ones left."""
+    from rich.table import Table
+
+    t = Table(title=title, **kw)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    return t
+
+
 def progress_bar(console, label: str):
     """A rich progress bar as a context manager yielding ``update(done, total)``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
