@@ -104,6 +104,16 @@ def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b
                       + blocks * SIM_BYTES_PER_BLOCK)
 
 
+def need_torch() -> None:
+    """Refuse a command that needs torch, with the install hint, where torch is missing."""
+    import importlib.util
+
+    from minipaged._install import TORCH_HINT
+
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_HINT)
+
+
 @contextmanager
 def reading(flag: str, value: str):
     """Errors while reading the file an argument named become one line naming the argument."""
