@@ -47,27 +47,21 @@ def describe(e: BaseException) -> str:
 
 
 def available_memory() -> int:
-    """Bytes this process could still allocate: the system's available memory, capped by the
-    process's address-space limit (``ulimit -v``) when one is set."""
-    avail = None
+    """Bytes this process could still allocate: the system's available memory (its physical
+    memory where there is no /proc/meminfo), capped by the process's address-space limit
+    (``ulimit -v``) when one is set."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if avail is None:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            avail = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            avail = min(avail, soft)
-    except (ImportError, OSError, ValueError):
-        pass
-    return avail
+    except ImportError:                 # Windows: no address-space limit to read
+        return avail
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return avail if soft == resource.RLIM_INFINITY else min(avail, soft)
 
 
 def refuse_if_too_big(what: str, need: float) -> None:

@@ -1,7 +1,6 @@
 """The ``kv-calc`` command: how many tokens, slots and blocks fit in a KV cache budget.
 
-Its ``--help`` text, its parser (``add_kv_calc``) and its runner (``kv_calc``), which prints the
-figures of ``minipaged.sim.memory.kv_calc`` as a table (or as JSON).
+Its runner prints the figures of ``minipaged.sim.memory.kv_calc`` as a table (or as JSON).
 """
 
 from __future__ import annotations
@@ -58,8 +57,8 @@ def kv_calc(args) -> int:
     from dataclasses import replace
 
     from rich.console import Console
-    from rich.table import Table
 
+    from minipaged.kit.cli.common import table
     from minipaged.kit.quiz import nbytes
     from minipaged.sim.memory import kv_calc, kv_preset
 
@@ -86,10 +85,9 @@ def kv_calc(args) -> int:
     how = ((f"(kv_lora_rank + qk_rope_head_dim) x layers x {r['kv_dtype_bytes']} B (MLA)")
            if r["mla"] else f"2 x layers x {r['kv_heads_per_gpu']} KV heads{per_gpu} x "
            f"head_size x {r['kv_dtype_bytes']} B")
-    t = Table(title=f"KV cache of {r['model']} on {r['gpu']}"
-                    + (f", tensor parallel over {r['tp']} GPUs" if r["tp"] > 1 else ""))
-    for col, justify in (("quantity", "left"), ("value", "right"), ("how", "left")):
-        t.add_column(col, justify=justify)
+    t = table(f"KV cache of {r['model']} on {r['gpu']}"
+              + (f", tensor parallel over {r['tp']} GPUs" if r["tp"] > 1 else ""),
+              ("quantity", "value", "how"), left=("quantity", "how"))
     for row in (
         (f"KV bytes per token{per_gpu}", nbytes(r["kv_bytes_per_token"]), how),
         (f"KV cache budget{per_gpu}", nbytes(r["kv_cache_bytes"]), "preset or --kv-cache-gb"),
