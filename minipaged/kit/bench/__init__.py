@@ -11,6 +11,10 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+
+from minipaged._checks import cdiv
+
 
 def medians(candidates: dict[str, Callable[[], object]], *, repeats: int = 7,
             warmup: int = 1) -> dict[str, float]:
@@ -41,10 +45,6 @@ def decode_case(rng, S: int, H: int, Hkv: int, D: int, BS: int, Tk: int, dtype, 
     pool (the paged layout): q [S, H, D], key_cache and value_cache [NB, Hkv, BS, D], block
     tables [S, MB] and seq_lens [S]. Made with ``xp``: NumPy, or CuPy so that gigabytes of K/V
     are drawn on the device."""
-    import numpy as np
-
-    from minipaged._checks import cdiv
-
     xp = xp or np
     MB = cdiv(Tk, BS)
 

@@ -24,12 +24,18 @@ same operations (same counts, same prefix hits).
 
 from __future__ import annotations
 
+import gc
+import statistics
 import time
 from collections import deque
 
 import numpy as np
+from rich.console import Console
 
+from minipaged._checks import OutOfBlocksError
 from minipaged.kit.bench.plain_manager import PlainBlockManager
+from minipaged.kit.cli.common import refuse_if_too_big, table
+from minipaged.serving.swap import KVCacheManager
 
 
 def make_trace(num_requests: int, seed: int = 0) -> list[tuple[list[int], int, int]]:
@@ -65,8 +71,6 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
     [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
     managers in short chunks of the same trace, so that load from other processes falls on
     both alike instead of on whichever whole run it happened to hit."""
-    from minipaged import OutOfBlocksError
-
     full = (OutOfBlocksError, MemoryError)
     pc = time.perf_counter
     waiting = deque(range(len(trace)))
@@ -137,10 +141,6 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
     The garbage collector is off while timing (as ``timeit`` does): a collection pause lands
     on whichever manager happens to cross the allocation threshold, which is noise, not a
     property of either manager. It runs between repeats."""
-    import gc
-
-    from minipaged.serving.swap import KVCacheManager
-
     totals = {name: {op: [0.0, 0] for op in OPS} for name in ("minipaged", "plain")}
     chunk_ratios: list[float] = []
 
@@ -179,12 +179,6 @@ BYTES_PER_REQUEST, BYTES_PER_BLOCK = 4_000, 300
 
 
 def run(args) -> int:
-    import statistics
-
-    from rich.console import Console
-
-    from minipaged.kit.cli.common import refuse_if_too_big, table
-
     if args.quick:
         args.requests, args.repeats = 300, 1
     refuse_if_too_big(f"--requests={args.requests} and --num-blocks={args.num_blocks}",

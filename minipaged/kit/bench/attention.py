@@ -21,8 +21,14 @@ every GEMM, and the figures then measure the scheduler rather than the attention
 
 from __future__ import annotations
 
+import numpy as np
+from rich.console import Console
+
 from minipaged._checks import cdiv
+from minipaged.attention import plain_softmax
 from minipaged.kit.bench import decode_case, medians
+from minipaged.kit.cli.common import refuse_if_too_big, table
+from minipaged.paged.paged_attention import GATHER_CHUNK_BYTES, paged_attention
 
 QUICK = dict(seqs=4, heads=8, kv_heads=2, head_size=32, block_size=16, contexts=[64, 256],
              repeats=2)
@@ -32,11 +38,6 @@ def _dense(q, k, v, scale, chunked: bool):
     """q [S, H, D], k/v [S, Hkv, Tk, D] -> [S, H, D]: the oracle's kernel, batched over S, all
     (sequence, KV head) pairs at once, or (``chunked``) a few at a time so that the working set
     (scores, K, V of one chunk) stays in cache, which is what the gather path enjoys too."""
-    import numpy as np
-
-    from minipaged.attention import plain_softmax
-    from minipaged.paged.paged_attention import GATHER_CHUNK_BYTES
-
     S, H, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     qh = q.reshape(S * Hkv, H // Hkv, D) * q.dtype.type(scale)
@@ -51,10 +52,6 @@ def _dense(q, k, v, scale, chunked: bool):
 def _measure_context(rng, S, H, Hkv, D, BS, Tk, dtype, repeats, online):
     """Time every method at context Tk; return [(name, seconds, max |out - dense matmul out|)],
     the baseline's name and the K/V bytes one decode step reads."""
-    import numpy as np
-
-    from minipaged.paged.paged_attention import paged_attention
-
     q, key_cache, value_cache, tables, lens = decode_case(rng, S, H, Hkv, D, BS, Tk, dtype)
     scale = D ** -0.5
 
@@ -77,11 +74,6 @@ def _measure_context(rng, S, H, Hkv, D, BS, Tk, dtype, repeats, online):
 
 
 def run(args) -> int:
-    import numpy as np
-    from rich.console import Console
-
-    from minipaged.kit.cli.common import refuse_if_too_big, table
-
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)

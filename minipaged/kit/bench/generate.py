@@ -15,10 +15,16 @@ transformers' batched ``generate`` instead; see generate_hf.py.
 
 from __future__ import annotations
 
+from rich.console import Console
+
+from minipaged.kit.bench import medians
+from minipaged.kit.cli.common import need_torch, refuse_if_too_big, table
+from minipaged.model import corpus
+from minipaged.model.checkpoint import load_model
+from minipaged.model.sampling import SamplingParams
+
 
 def run(args) -> int:
-    from minipaged.kit.cli.common import need_torch, refuse_if_too_big
-
     if args.model or args.write_random_model:
         from minipaged.kit.bench import generate_hf
 
@@ -29,15 +35,9 @@ def run(args) -> int:
     refuse_if_too_big(f"--requests={args.requests} and --block-size={args.block_size}",
                       args.requests * 50_000 + 4096 * args.block_size * 1024)
     import torch
-    from rich.console import Console
 
-    from minipaged.kit.bench import medians
-    from minipaged.kit.cli.common import table
-    from minipaged.model import corpus
-    from minipaged.model.checkpoint import load_model
     from minipaged.model.engine import LLM
     from minipaged.model.reference import ReferenceGenerator
-    from minipaged.model.sampling import SamplingParams
 
     torch.set_num_threads(1)
     model = load_model()

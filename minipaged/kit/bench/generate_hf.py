@@ -27,6 +27,13 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+from rich.console import Console
+
+from minipaged._install import HF_EXTRA
+from minipaged.kit.cli.common import need_torch, table
+from minipaged.model.sampling import SamplingParams
+
 SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
                     tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
@@ -56,8 +63,6 @@ def write_random_model(path, seed: int = 0, **overrides) -> None:
 
 
 def _requests(args, vocab: int):
-    import numpy as np
-
     rng = np.random.default_rng(args.seed)
     lens = rng.integers(args.min_prompt, args.max_prompt + 1, args.requests)
     prompts = [rng.integers(0, vocab, n).tolist() for n in lens]
@@ -97,7 +102,6 @@ def _run_transformers(model_dir, prompts, out_lens):
 
 def _run_paged(model_dir, prompts, out_lens, block_size):
     from minipaged.model.engine import LLM
-    from minipaged.model.sampling import SamplingParams
 
     llm = LLM(model=model_dir, block_size=block_size)
     llm.generate([prompts[0][:8]], SamplingParams(max_tokens=2))             # warm-up
@@ -121,11 +125,6 @@ def _margin(hf, prompt, ours, theirs) -> str:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
-    from minipaged._install import HF_EXTRA
-    from minipaged.kit.cli.common import need_torch, table
-
     for name in ("prompt", "new"):
         low, high = getattr(args, f"min_{name}"), getattr(args, f"max_{name}")
         if low > high:

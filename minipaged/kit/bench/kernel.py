@@ -31,18 +31,21 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+
 from minipaged._install import GPU_HINT
 from minipaged.kit.bench import decode_case, median_time
+from minipaged.kit.cli.common import refuse_if_too_big, table
+from minipaged.paged.paged_attention import paged_attention as oracle
 
 
 def _check(console, xp, args) -> bool:
     """Every version against the NumPy oracle on a small ragged case: True when within
     tolerance."""
-    import numpy as np
-
     from minipaged.cuda import paged_attention as kernel
     from minipaged.cuda.kernels import VERSIONS
-    from minipaged.paged.paged_attention import paged_attention as oracle
 
     rng = np.random.default_rng(args.seed)
     q, kc, vc, tables, _ = decode_case(rng, 3, args.heads, args.kv_heads, args.head_size,
@@ -83,8 +86,6 @@ def _gpu_available() -> str | None:
 def _copy_bandwidth(xp) -> float:
     """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write: 1 GiB
     of float32 on a GPU (CUDA events), 128 MiB in RAM."""
-    import numpy as np
-
     src = xp.ones(1 << 25 if xp is np else 1 << 28, xp.float32)
     dst = xp.empty_like(src)
     if xp is np:
@@ -95,17 +96,11 @@ def _copy_bandwidth(xp) -> float:
 
 
 def run(args) -> int:
-    import numpy as np
-    from rich.console import Console
-
     from minipaged.cuda.kernels import VERSIONS
-    from minipaged.kit.cli.common import refuse_if_too_big, table
 
     console = Console()
     gpu = args.backend == "cupy"
     if gpu and (reason := _gpu_available()) is not None:
-        from rich.markup import escape
-
         console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
                       "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
         return 1
@@ -146,8 +141,6 @@ def run(args) -> int:
         if gpu:
             base_t, base_out = _torch_baseline(*data[:4], ctx, scale, repeats)
         else:
-            from minipaged.paged.paged_attention import paged_attention as oracle
-
             base_t = median_time(lambda: oracle(*data), repeats=repeats)  # noqa: B023
             base_out = None
         for version in [v for v in VERSIONS if v != 0]:  # v0 (naive) is far too slow here

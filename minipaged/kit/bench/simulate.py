@@ -10,13 +10,14 @@ snapshot. Budget: 10K requests in under 10 s on one core.
 
 from __future__ import annotations
 
+import time
+
+from rich.console import Console
+
+from minipaged.kit.cli.common import check_sim_size, progress_bar, table
+
 
 def run(args) -> int:
-    import time
-
-    from rich.console import Console
-
-    from minipaged.kit.cli.common import check_sim_size, progress_bar, table
     from minipaged.sim.simulator import SimConfig, simulate
 
     sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])

@@ -9,11 +9,18 @@ line, when ``user_errors`` counts its kind, described by ``describe``. The ``ben
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import sys
 from contextlib import contextmanager
+
+from rich.table import Table
+
+from minipaged._checks import OutOfBlocksError
+from minipaged._install import TORCH_HINT
+from minipaged.sim.memory import preset
 
 # ---- errors and sizes --------------------------------------------------------------------------
 
@@ -21,8 +28,6 @@ from contextlib import contextmanager
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions bad input causes. Errors of the package's own kinds count too, when the
     module that defines them was imported (a module never imported raised nothing)."""
-    from minipaged._checks import OutOfBlocksError
-
     kinds: list[type[BaseException]] = [ValueError, TypeError, OSError, ArithmeticError,
                                         RecursionError, MemoryError, OutOfBlocksError]
     for module, name in (("minipaged.model.runner", "BackendUnavailableError"),
@@ -87,8 +92,6 @@ def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b
                    flag: str = "--num-requests") -> None:
     """Refuse a simulation too big for this machine (``block_size=None``: a contiguous policy,
     which keeps no per-block state)."""
-    from minipaged.sim.memory import preset
-
     p = preset(model, kv_cache_gb=kv_cache_gb)
     blocks = 0 if block_size is None else p.num_blocks(block_size)
     what = f"{flag}={num_requests}" + (f" x {samples} sequences" if samples > 1 else "")
@@ -100,10 +103,6 @@ def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b
 
 def need_torch() -> None:
     """Refuse a command that needs torch, with the install hint, where torch is missing."""
-    import importlib.util
-
-    from minipaged._install import TORCH_HINT
-
     if importlib.util.find_spec("torch") is None:
         raise ValueError(TORCH_HINT)
 
@@ -126,8 +125,6 @@ def reading(flag: str, value: str):
 
 def table(title: str, columns, *, left=(), **kw):
     """A rich Table with these columns: figures right-justified, the ``left`` ones left."""
-    from rich.table import Table
-
     t = Table(title=title, **kw)
     for col in columns:
         t.add_column(col, justify="left" if col in left else "right")

@@ -8,8 +8,13 @@ its progress and block tables on stderr; ``train`` retrains the shipped checkpoi
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
+from dataclasses import fields
+
+from rich.console import Console
+from rich.text import Text
 
 from minipaged._install import HF_EXTRA  # the install hint, one text for every command
 from minipaged.kit.cli.args import (
@@ -29,6 +34,9 @@ from minipaged.kit.cli.common import (
     reading,
     refuse_if_too_big,
 )
+from minipaged.model import train as training
+from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model
+from minipaged.model.sampling import SamplingParams
 
 # ---- generate ----------------------------------------------------------------------------------
 
@@ -98,8 +106,6 @@ def _escape(text: str) -> str:
 
 def _block_drawer(console):
     """An ``on_step`` callback that draws the block tables when a step changed them."""
-    from rich.text import Text
-
     last: dict = {}
 
     def draw(stats) -> None:
@@ -145,11 +151,7 @@ def _progress(console, every_s: float = 2.0):
 def _load(args):
     """(model, tokenizer or None, prompts as text or token ids): the Hugging Face model of
     ``--model DIR``, the tiny model of ``--checkpoint``, or the shipped tiny model."""
-    import pickle
-
     if args.model is None:
-        from minipaged.model.checkpoint import load_model
-
         if args.chat or args.max_model_len is not None:
             raise ValueError("--chat and --max-model-len need --model DIR")
         if args.checkpoint is None:
@@ -177,9 +179,6 @@ def _load(args):
 def generate(args) -> int:
     need_torch()
     import torch
-    from rich.console import Console
-
-    from minipaged.model.sampling import SamplingParams
 
     torch.set_num_threads(1)
     err = Console(stderr=True)
@@ -245,10 +244,7 @@ examples:
 
 
 def add_train(sub) -> None:
-    from minipaged.model.checkpoint import DEFAULT_CHECKPOINT
-    from minipaged.model.train import TrainSettings
-
-    d = TrainSettings()
+    d = training.TrainSettings()
     p = command(sub, "train", "train the tiny counting model (a few minutes of CPU)",
                 TRAIN_HELP, train)
     num(p, "--seed", int, d.seed, "seed of the examples and the initial weights", NON_NEGATIVE)
@@ -265,9 +261,6 @@ def add_train(sub) -> None:
 
 def train(args) -> int:
     need_torch()
-    from minipaged.model.train import TrainSettings, train
-
-    train(TrainSettings(seed=args.seed, steps=args.steps, batch_size=args.batch_size,
-                        lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
-                        threads=args.threads, num_eval=args.num_eval), args.out)
+    settings = {f.name: getattr(args, f.name) for f in fields(training.TrainSettings)}
+    training.train(training.TrainSettings(**settings), args.out)  # a flag for every setting
     return 0

@@ -7,6 +7,9 @@ experiments, or every checkable claim of the interview answer (``kit/quiz/factch
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
+
+from rich.console import Console
 
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
@@ -18,6 +21,8 @@ from minipaged.kit.cli.args import (
     workload,
 )
 from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, table, write_json
+from minipaged.serving.memory_policy import POLICY_NAMES
+from minipaged.sim.memory import PRESETS
 
 # ---- simulate ----------------------------------------------------------------------------------
 
@@ -55,9 +60,6 @@ SUMMARY_ROWS = (
 
 
 def add_simulate(sub) -> None:
-    from minipaged.serving.memory_policy import POLICY_NAMES
-    from minipaged.sim.memory import PRESETS
-
     p = command(sub, "simulate", "simulate serving a workload: memory, batch, throughput",
                 SIM_HELP, simulate)
     path(p, "--workload", workload, "sharegpt, alpaca (synthetic, shaped like the paper's "
@@ -93,8 +95,6 @@ def add_simulate(sub) -> None:
 
 
 def simulate(args) -> int:
-    from rich.console import Console
-
     from minipaged.sim.simulator import SimConfig, simulate
     from minipaged.sim.workloads import WORKLOADS, load_jsonl
 
@@ -158,8 +158,6 @@ def add_experiment(sub) -> None:
 
 
 def experiment(args) -> int:
-    from rich.console import Console
-
     from minipaged.sim import experiments
 
     check_sim_size(args.num_requests or 1000, 6)   # experiment 2 runs beams of width 6
@@ -197,10 +195,6 @@ def add_factcheck(sub) -> None:
 
 
 def factcheck(args) -> int:
-    from dataclasses import asdict
-
-    from rich.console import Console
-
     from minipaged.kit.quiz import factcheck
 
     console = Console()

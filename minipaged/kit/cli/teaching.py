@@ -8,6 +8,9 @@ the grader (``kit/grader/``), the interview drills (``kit/quiz/``) and the slide
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from rich.console import Console
 
 from minipaged.kit.cli.args import NON_NEGATIVE, bounds, command, input_file, num, output_dir, path
 from minipaged.kit.cli.common import check_sim_size, reading, table
@@ -88,8 +91,6 @@ def add_check(sub) -> None:
 
 
 def check(args) -> int:
-    from rich.console import Console
-
     from minipaged.kit.grader import all_exercises, grade, resolve
     from minipaged.kit.grader.report import print_report
 
@@ -137,8 +138,6 @@ def add_quiz(sub) -> None:
 
 
 def quiz(args) -> int:
-    from rich.console import Console
-
     from minipaged.kit import quiz
     from minipaged.kit.quiz.glossary import glossary_table
 
@@ -194,10 +193,6 @@ def add_present(sub) -> None:
 
 
 def present(args) -> int:
-    from pathlib import Path
-
-    from rich.console import Console
-
     from minipaged.kit import figures
     from minipaged.kit.present import present
 
