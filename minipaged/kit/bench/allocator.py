@@ -51,9 +51,6 @@ def make_trace(num_requests: int, seed: int = 0) -> list[tuple[list[int], int, i
 
 
 OPS = ("allocate", "append", "fork", "free")
-_DONE = object()  # next(generator, _DONE): the replay has ended
-
-
 MAX_RUNNING = 48  # requests in the batch at most, like a scheduler's max_num_seqs
 
 
@@ -129,7 +126,7 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
             mgr.take_copies()
         step += 1
         if step % steps_per_chunk == 0:
-            yield
+            yield step
 
 
 def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
@@ -161,7 +158,7 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
             while len(done) < 2:  # both do the same steps, so both end on the same chunk
                 before = {name: spent(name) for name in order}
                 for name in order:
-                    if next(gens[name], _DONE) is _DONE:
+                    if next(gens[name], None) is None:  # the replay has ended
                         done.add(name)
                 chunk = {name: spent(name) - before[name] for name in order}
                 if chunk["minipaged"] > 0 and chunk["plain"] > 0:

@@ -83,16 +83,12 @@ def _gpu_available() -> str | None:
     return None
 
 
-def _copy_bandwidth(xp) -> float:
+def _copy_bandwidth(xp, timer) -> float:
     """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write: 1 GiB
-    of float32 on a GPU (CUDA events), 128 MiB in RAM."""
+    of float32 on a GPU, 128 MiB in RAM."""
     src = xp.ones(1 << 25 if xp is np else 1 << 28, xp.float32)
     dst = xp.empty_like(src)
-    if xp is np:
-        return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats=5)
-    from minipaged.cuda.gpu_check import device_time
-
-    return 2 * src.nbytes / device_time(lambda: xp.copyto(dst, src), 10)
+    return 2 * src.nbytes / timer(lambda: xp.copyto(dst, src), 10)
 
 
 def run(args) -> int:
@@ -121,13 +117,17 @@ def run(args) -> int:
         import cupy
 
         from minipaged.cuda import cupy_runner
+        from minipaged.cuda.gpu_check import device_time as timer  # CUDA events: device time
 
         console.print(f"device: {cupy_runner.device_info()}")
+    else:
+        def timer(fn, repeats: int) -> float:
+            return median_time(fn, repeats=repeats)
     xp = cupy if gpu else np
     if not _check(console, xp, args):
         console.print("[red]the kernel disagrees with the oracle: not timing a wrong answer[/]")
         return 1
-    copy_bw = _copy_bandwidth(xp)
+    copy_bw = _copy_bandwidth(xp, timer)
     console.print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
 
     t = table(f"decode attention, S={s} H={H} Hkv={Hkv} D={D} BS={BS} {args.dtype}, "
@@ -139,13 +139,11 @@ def run(args) -> int:
     for ctx in contexts:
         data = decode_case(rng, s, H, Hkv, D, BS, ctx, args.dtype, xp=xp)
         if gpu:
-            base_t, base_out = _torch_baseline(*data[:4], ctx, scale, repeats)
+            base_t, base_out = _torch_baseline(*data[:4], ctx, scale, repeats, timer)
         else:
-            base_t = median_time(lambda: oracle(*data), repeats=repeats)  # noqa: B023
-            base_out = None
+            base_t, base_out = timer(lambda: oracle(*data), repeats), None  # noqa: B023
         for version in [v for v in VERSIONS if v != 0]:  # v0 (naive) is far too slow here
-            sec, overhead, out = _time_version(data, args.backend, version, repeats,
-                                               warmup=0 if args.quick else 1)
+            sec, overhead, out = _time_version(data, args.backend, version, repeats, timer)
             if base_out is not None:  # the baseline doubles as a check at full size
                 err = float(xp.abs(out.astype(xp.float32) - base_out).max())
                 if err > 1e-2:
@@ -169,11 +167,11 @@ def run(args) -> int:
     return 0
 
 
-def _time_version(data, backend: str, version: int, repeats: int, warmup: int):
+def _time_version(data, backend: str, version: int, repeats: int, timer):
     """(kernel seconds, wrapper overhead seconds, output) for one version. The kernel figure
-    times only the prepared launch (CUDA events on the GPU: device time). The overhead is what
-    the public paged_attention() does before every launch, timed alone on the host:
-    prepare_paged_attention's checks, host copies of seq_lens and block_tables, allocation."""
+    times only the prepared launch (``timer``: CUDA events on the GPU, device time). The
+    overhead is what the public paged_attention() does before every launch, timed alone on the
+    host: prepare_paged_attention's checks, host copies of seq_lens and block_tables, allocation."""
     from minipaged.cuda import launch
 
     def prepare():
@@ -181,14 +179,10 @@ def _time_version(data, backend: str, version: int, repeats: int, warmup: int):
 
     prepared = prepare()
     overhead = median_time(prepare, repeats=max(repeats, 5))
-    if backend == "cupy":
-        from minipaged.cuda.gpu_check import device_time
-
-        return device_time(prepared, repeats), overhead, prepared()
-    return median_time(prepared, repeats=repeats, warmup=warmup), overhead, prepared()
+    return timer(prepared, repeats), overhead, prepared()
 
 
-def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats):
+def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats, timer):
     """(median seconds, output) of torch's SDPA on the same K/V made contiguous, or (None, None)
     when torch has no CUDA here. K/V [S, Hkv, ctx, D]; GQA through enable_gqa."""
     try:
@@ -209,20 +203,16 @@ def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats):
     k, v = contiguous(tkc), contiguous(tvc)
     q4 = tq.reshape(s, h, 1, d)
 
+    gqa = {"enable_gqa": True} if hkv != h else {}
     try:  # enable_gqa (torch >= 2.5) reads each KV head once for its H/Hkv query heads
-        F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, enable_gqa=hkv != h)
+        F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, **gqa)
     except TypeError:  # older torch: repeat the KV heads (more bytes: the baseline gets slower)
         k, v = (x.repeat_interleave(h // hkv, dim=1) for x in (k, v))
+        gqa = {}
 
     def call():
-        if k.shape[1] == h:
-            return F.scaled_dot_product_attention(q4, k, v, scale=scale)
-        return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q4, k, v, scale=scale, **gqa)
 
     import cupy
 
-    from minipaged.cuda.gpu_check import device_time
-
-    t = device_time(call, repeats)
-    out = cupy.from_dlpack(call().reshape(s, h, d).float().contiguous())
-    return t, out
+    return timer(call, repeats), cupy.from_dlpack(call().reshape(s, h, d).float().contiguous())
