@@ -296,6 +296,17 @@ def test_a_closed_pipe_is_one_line_too(argv):
         f"minipaged {argv[0]}: the output pipe closed before the output ended"]
 
 
+def test_no_compiler_for_the_cpu_harness_is_one_line(tmp_path):
+    """The harness's own errors count as the user's: a CXX that is not there, and no library
+    built before (an empty cache), gives one line naming the compiler it tried."""
+    out = run_cli(["bench", "kernel", "--backend", "cpu", "--quick"],
+                  env={"CXX": str(tmp_path / "no-such-g++"), "MINIPAGED_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minipaged bench kernel: "), out.stderr
+    assert "needs a C++20 compiler" in lines[0] and "no-such-g++" in lines[0]
+
+
 def test_minipaged_traceback_shows_the_traceback():
     out = run_cli(["quiz", "--only", "nope"], env={"MINIPAGED_TRACEBACK": "1"})
     assert out.returncode == 1 and "Traceback" in out.stderr and "names no drill" in out.stderr

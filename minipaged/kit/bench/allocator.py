@@ -64,10 +64,9 @@ def replay(mgr, trace, prefix: bool) -> dict[str, list[float]]:
 
 def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
                  steps_per_chunk: int = 1):
-    """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps, adding
-    [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
-    managers in short chunks of the same trace, so that load from other processes falls on
-    both alike instead of on whichever whole run it happened to hit."""
+    """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps (so
+    that ``compare`` can interleave two managers), adding [seconds, count] per operation type
+    into ``stats``."""
     full = (OutOfBlocksError, MemoryError)
     pc = time.perf_counter
     waiting = deque(range(len(trace)))

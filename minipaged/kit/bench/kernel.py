@@ -168,10 +168,8 @@ def run(args) -> int:
 
 
 def _time_version(data, backend: str, version: int, repeats: int, timer):
-    """(kernel seconds, wrapper overhead seconds, output) for one version. The kernel figure
-    times only the prepared launch (``timer``: CUDA events on the GPU, device time). The
-    overhead is what the public paged_attention() does before every launch, timed alone on the
-    host: prepare_paged_attention's checks, host copies of seq_lens and block_tables, allocation."""
+    """(kernel seconds, wrapper overhead seconds, output) for one version, timed as the module
+    docstring says: the prepared launch by ``timer``, its preparation alone on the host."""
     from minipaged.cuda import launch
 
     def prepare():

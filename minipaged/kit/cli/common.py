@@ -31,8 +31,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     kinds: list[type[BaseException]] = [ValueError, TypeError, OSError, ArithmeticError,
                                         RecursionError, MemoryError, OutOfBlocksError]
     for module, name in (("minipaged.model.runner", "BackendUnavailableError"),
-                         ("minipaged.cuda.cpu_build", "CompilerNotFoundError"),
-                         ("minipaged.cuda.cpu_build", "BuildError")):
+                         ("minipaged.cuda.emu.cpu_build", "CompilerNotFoundError"),
+                         ("minipaged.cuda.emu.cpu_build", "BuildError")):
         if module in sys.modules:
             kinds.append(getattr(sys.modules[module], name))
     return tuple(kinds)
