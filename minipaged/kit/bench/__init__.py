@@ -16,16 +16,14 @@ import numpy as np
 from minipaged._checks import cdiv
 
 
-def medians(candidates: dict[str, Callable[[], object]], *, repeats: int = 7,
-            warmup: int = 1) -> dict[str, float]:
-    """Median wall-clock seconds of each ``fn()`` over ``repeats`` runs, after ``warmup`` runs.
+def medians(candidates: dict[str, Callable[[], object]], *, repeats: int) -> dict[str, float]:
+    """Median wall-clock seconds of each ``fn()`` over ``repeats`` runs, after one warm-up run.
 
     The candidates run in turn (round-robin), so load from other processes that comes and goes
     hits each alike instead of whichever one happened to run during it; and the median, not the
     mean, so that one disturbed run does not move the figure."""
-    for _ in range(warmup):
-        for fn in candidates.values():
-            fn()
+    for fn in candidates.values():
+        fn()
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, fn in candidates.items():
@@ -35,9 +33,9 @@ def medians(candidates: dict[str, Callable[[], object]], *, repeats: int = 7,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def median_time(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 1) -> float:
+def median_time(fn: Callable[[], object], *, repeats: int) -> float:
     """``medians`` of one function."""
-    return medians({"": fn}, repeats=repeats, warmup=warmup)[""]
+    return medians({"": fn}, repeats=repeats)[""]
 
 
 def decode_case(rng, S: int, H: int, Hkv: int, D: int, BS: int, Tk: int, dtype, xp=None):

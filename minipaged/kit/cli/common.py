@@ -1,10 +1,10 @@
-"""What the runners share: which errors are the user's, memory limits, reading, progress, JSON.
+"""What the runners share: which errors are the user's, memory limits, reading, output.
 
 A runner checks what the parser cannot (sizes against the memory there is, files that must be
 readable), then calls the package's plain functions and prints. A refusal is a ValueError
 whose message names the argument, its value and what was expected; ``main`` prints it, as one
 line, when ``user_errors`` counts its kind, described by ``describe``. The ``bench`` runners
-(``minipaged/kit/bench/``) use the same memory checks and progress bar.
+(``minipaged/kit/bench/``) use the same memory checks, progress bar and tables.
 """
 
 from __future__ import annotations
