@@ -104,6 +104,7 @@ CASES: list[tuple[str, str]] = [
     ("simulate --workload {too_long}", "leaves no room to generate"),
     ("simulate --json {missing_dir}/out.json", "is in a folder that does not exist"),
     ("simulate --json {dir}", "is a directory; expected a file name to write"),
+    ("simulate --num-requests 5 --json /dev/full", "--json='/dev/full' cannot be written"),
     # experiment
     ("experiment 0", "argument number: invalid choice: 0"),
     ("experiment 6", "argument number: invalid choice: 6"),
@@ -128,6 +129,8 @@ CASES: list[tuple[str, str]] = [
     ("bench attention --heads 6 --kv-heads 4", "--heads=6 must be a multiple of --kv-heads=4"),
     ("bench attention --contexts 0", "--contexts=0 must be >= 1"),
     ("bench attention --seqs 100000 --contexts 1000000", "would need about"),
+    ("bench attention --block-size 100000 --contexts 8", "(in blocks of --block-size=100000) "
+                                                         "x --kv-heads=8"),
     ("bench attention --dtype int8", "argument --dtype: invalid choice: 'int8'"),
     ("bench attention --repeats 0", "--repeats=0 must be >= 1"),
     ("bench kernel --backend cpu --heads 6 --kv-heads 4", "--heads=6 must be a multiple of"),

@@ -158,7 +158,12 @@ def _jsonable(obj):
 
 
 def write_json(console, path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(_jsonable(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
-        f.write("\n")
+    """``obj`` as JSON into ``path``, the value of ``--json`` (the parser checked its folder;
+    a full disk is still found only here)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_jsonable(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
+            f.write("\n")
+    except OSError as e:
+        raise ValueError(f"--json={path!r} cannot be written: {e.strerror or e}") from None
     console.print(f"wrote {path}")
