@@ -105,6 +105,7 @@ CASES: list[tuple[str, str]] = [
     ("simulate --workload {too_long}", "leaves no room to generate"),
     ("simulate --json {missing_dir}/out.json", "is in a folder that does not exist"),
     ("simulate --json {dir}", "is a directory; expected a file name to write"),
+    ("simulate --num-requests 5 --json /dev/full", "--json='/dev/full' cannot be written"),
     # experiment
     ("experiment 0", "argument number: invalid choice: 0"),
     ("experiment 6", "argument number: invalid choice: 6"),
@@ -129,6 +130,8 @@ CASES: list[tuple[str, str]] = [
     ("bench attention --heads 6 --kv-heads 4", "--heads=6 must be a multiple of --kv-heads=4"),
     ("bench attention --contexts 0", "--contexts=0 must be >= 1"),
     ("bench attention --seqs 100000 --contexts 1000000", "would need about"),
+    ("bench attention --block-size 100000 --contexts 8", "(in blocks of --block-size=100000) "
+                                                         "x --kv-heads=8"),
     ("bench attention --dtype int8", "argument --dtype: invalid choice: 'int8'"),
     ("bench attention --repeats 0", "--repeats=0 must be >= 1"),
     ("bench kernel --backend cpu --heads 6 --kv-heads 4", "--heads=6 must be a multiple of"),
@@ -301,6 +304,17 @@ def test_a_closed_pipe_is_one_line_too(argv):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [
         f"minipaged {argv[0]}: the output pipe closed before the output ended"]
+
+
+def test_no_compiler_for_the_cpu_harness_is_one_line(tmp_path):
+    """The harness's own errors count as the user's: a CXX that is not there, and no library
+    built before (an empty cache), gives one line naming the compiler it tried."""
+    out = run_cli(["bench", "kernel", "--backend", "cpu", "--quick"],
+                  env={"CXX": str(tmp_path / "no-such-g++"), "MINIPAGED_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minipaged bench kernel: "), out.stderr
+    assert "needs a C++20 compiler" in lines[0] and "no-such-g++" in lines[0]
 
 
 def test_minipaged_traceback_shows_the_traceback():

@@ -11,16 +11,47 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 
-def median_time(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 1) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs, after ``warmup`` runs.
+from minipaged._checks import cdiv
 
-    The median, not the mean: one run disturbed by another process should not move the figure."""
-    for _ in range(warmup):
+
+def medians(candidates: dict[str, Callable[[], object]], *, repeats: int) -> dict[str, float]:
+    """Median wall-clock seconds of each ``fn()`` over ``repeats`` runs, after one warm-up run.
+
+    The candidates run in turn (round-robin), so load from other processes that comes and goes
+    hits each alike instead of whichever one happened to run during it; and the median, not the
+    mean, so that one disturbed run does not move the figure."""
+    for fn in candidates.values():
         fn()
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in candidates.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def median_time(fn: Callable[[], object], *, repeats: int) -> float:
+    """``medians`` of one function."""
+    return medians({"": fn}, repeats=repeats)[""]
+
+
+def decode_case(rng, S: int, H: int, Hkv: int, D: int, BS: int, Tk: int, dtype, xp=None):
+    """A random decode case, every sequence at context Tk, its blocks placed at random over the
+    pool (the paged layout): q [S, H, D], key_cache and value_cache [NB, Hkv, BS, D], block
+    tables [S, MB] and seq_lens [S]. Made with ``xp``: NumPy, or CuPy so that gigabytes of K/V
+    are drawn on the device."""
+    xp = xp or np
+    MB = cdiv(Tk, BS)
+
+    def normal(shape):
+        if xp is np:
+            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        return xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
+
+    q = normal((S, H, D))
+    key_cache, value_cache = normal((S * MB, Hkv, BS, D)), normal((S * MB, Hkv, BS, D))
+    tables = xp.asarray(rng.permutation(S * MB).astype(np.int32).reshape(S, MB))
+    return q, key_cache, value_cache, tables, xp.asarray(np.full(S, Tk, np.int32))

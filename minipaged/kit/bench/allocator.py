@@ -24,12 +24,18 @@ same operations (same counts, same prefix hits).
 
 from __future__ import annotations
 
+import gc
+import statistics
 import time
 from collections import deque
 
 import numpy as np
+from rich.console import Console
 
+from minipaged._checks import OutOfBlocksError
 from minipaged.kit.bench.plain_manager import PlainBlockManager
+from minipaged.kit.cli.common import refuse_if_too_big, table
+from minipaged.serving.swap import KVCacheManager
 
 
 def make_trace(num_requests: int, seed: int = 0) -> list[tuple[list[int], int, int]]:
@@ -45,9 +51,6 @@ def make_trace(num_requests: int, seed: int = 0) -> list[tuple[list[int], int, i
 
 
 OPS = ("allocate", "append", "fork", "free")
-_DONE = object()  # next(generator, _DONE): the replay has ended
-
-
 MAX_RUNNING = 48  # requests in the batch at most, like a scheduler's max_num_seqs
 
 
@@ -61,12 +64,9 @@ def replay(mgr, trace, prefix: bool) -> dict[str, list[float]]:
 
 def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
                  steps_per_chunk: int = 1):
-    """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps, adding
-    [seconds, count] per operation type into ``stats``. Pausing lets ``run`` interleave two
-    managers in short chunks of the same trace, so that load from other processes falls on
-    both alike instead of on whichever whole run it happened to hit."""
-    from minipaged import OutOfBlocksError
-
+    """``replay`` as a generator that pauses every ``steps_per_chunk`` scheduling steps (so
+    that ``compare`` can interleave two managers), adding [seconds, count] per operation type
+    into ``stats``."""
     full = (OutOfBlocksError, MemoryError)
     pc = time.perf_counter
     waiting = deque(range(len(trace)))
@@ -125,7 +125,7 @@ def replay_steps(mgr, trace, prefix: bool, stats: dict[str, list[float]],
             mgr.take_copies()
         step += 1
         if step % steps_per_chunk == 0:
-            yield
+            yield step
 
 
 def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
@@ -137,41 +137,32 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
     The garbage collector is off while timing (as ``timeit`` does): a collection pause lands
     on whichever manager happens to cross the allocation threshold, which is noise, not a
     property of either manager. It runs between repeats."""
-    import gc
-
-    from minipaged.serving.swap import KVCacheManager
-
     totals = {name: {op: [0.0, 0] for op in OPS} for name in ("minipaged", "plain")}
     chunk_ratios: list[float] = []
+
+    def spent(name: str) -> float:
+        return sum(v[0] for v in totals[name].values())
+
     gc_was_on = gc.isenabled()
+    gc.disable()
     try:
         for _ in range(repeats):
             gc.collect()
-            gc.disable()
-            stats = {name: {op: [0.0, 0] for op in OPS} for name in totals}
-            gens = {"minipaged": replay_steps(
-                        KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix),
-                        trace, prefix, stats["minipaged"], steps_per_chunk=steps_per_chunk),
-                    "plain": replay_steps(PlainBlockManager(num_blocks, block_size, prefix),
-                                          trace, prefix, stats["plain"],
-                                          steps_per_chunk=steps_per_chunk)}
+            managers = {"minipaged": KVCacheManager(num_blocks, block_size,
+                                                    enable_prefix_caching=prefix),
+                        "plain": PlainBlockManager(num_blocks, block_size, prefix)}
+            gens = {name: replay_steps(mgr, trace, prefix, totals[name], steps_per_chunk)
+                    for name, mgr in managers.items()}
             order, done = ["minipaged", "plain"], set()
             while len(done) < 2:  # both do the same steps, so both end on the same chunk
-                spent = {}
+                before = {name: spent(name) for name in order}
                 for name in order:
-                    before = sum(v[0] for v in stats[name].values())
-                    if next(gens[name], _DONE) is _DONE:
+                    if next(gens[name], None) is None:  # the replay has ended
                         done.add(name)
-                    spent[name] = sum(v[0] for v in stats[name].values()) - before
-                if spent["minipaged"] > 0 and spent["plain"] > 0:
-                    chunk_ratios.append(spent["plain"] / spent["minipaged"])
+                chunk = {name: spent(name) - before[name] for name in order}
+                if chunk["minipaged"] > 0 and chunk["plain"] > 0:
+                    chunk_ratios.append(chunk["plain"] / chunk["minipaged"])
                 order.reverse()
-            if gc_was_on:
-                gc.enable()
-            for name, st in stats.items():
-                for op in OPS:
-                    totals[name][op][0] += st[op][0]
-                    totals[name][op][1] += st[op][1]
     finally:
         if gc_was_on:
             gc.enable()
@@ -184,13 +175,6 @@ BYTES_PER_REQUEST, BYTES_PER_BLOCK = 4_000, 300
 
 
 def run(args) -> int:
-    import statistics
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from minipaged.kit.cli.common import refuse_if_too_big
-
     if args.quick:
         args.requests, args.repeats = 300, 1
     refuse_if_too_big(f"--requests={args.requests} and --num-blocks={args.num_blocks}",
@@ -201,10 +185,9 @@ def run(args) -> int:
         results, ratios = compare(trace, args.num_blocks, args.block_size, prefix,
                                   args.repeats, args.chunk)
         mode = "with prefix caching (v1)" if prefix else "without prefix caching (v0, fork)"
-        t = Table(title=f"{args.requests} requests, NB={args.num_blocks}, "
-                        f"BS={args.block_size}, {mode}", title_justify="left")
-        for col in ("op", "count", "minipaged ops/s", "plain ops/s", "minipaged / plain"):
-            t.add_column(col, justify="right")
+        t = table(f"{args.requests} requests, NB={args.num_blocks}, BS={args.block_size}, {mode}",
+                  ("op", "count", "minipaged ops/s", "plain ops/s", "minipaged / plain"),
+                  title_justify="left")
         rows = [(op, results["minipaged"][op], results["plain"][op]) for op in OPS]
         rows.append(("all", *[(sum(v[0] for v in results[m].values()),
                                sum(v[1] for v in results[m].values())) for m in results]))

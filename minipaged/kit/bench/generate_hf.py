@@ -27,6 +27,13 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+from rich.console import Console
+
+from minipaged._install import HF_EXTRA
+from minipaged.kit.cli.common import need_torch, table
+from minipaged.model.sampling import SamplingParams
+
 SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
                     tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
@@ -56,8 +63,6 @@ def write_random_model(path, seed: int = 0, **overrides) -> None:
 
 
 def _requests(args, vocab: int):
-    import numpy as np
-
     rng = np.random.default_rng(args.seed)
     lens = rng.integers(args.min_prompt, args.max_prompt + 1, args.requests)
     prompts = [rng.integers(0, vocab, n).tolist() for n in lens]
@@ -97,7 +102,6 @@ def _run_transformers(model_dir, prompts, out_lens):
 
 def _run_paged(model_dir, prompts, out_lens, block_size):
     from minipaged.model.engine import LLM
-    from minipaged.model.sampling import SamplingParams
 
     llm = LLM(model=model_dir, block_size=block_size)
     llm.generate([prompts[0][:8]], SamplingParams(max_tokens=2))             # warm-up
@@ -121,16 +125,18 @@ def _margin(hf, prompt, ours, theirs) -> str:
 
 
 def run(args) -> int:
-    import torch
-    from rich.console import Console
-    from rich.table import Table
-
+    for name in ("prompt", "new"):
+        low, high = getattr(args, f"min_{name}"), getattr(args, f"max_{name}")
+        if low > high:
+            raise ValueError(f"--min-{name}={low} is above --max-{name}={high}; expected "
+                             f"--min-{name} <= --max-{name}")
+    need_torch()
+    try:
+        import torch
+        import transformers  # noqa: F401 - the baseline, and --write-random-model
+    except ImportError as e:
+        raise ValueError(f"--model needs {e.name}: from a checkout, {HF_EXTRA}") from None
     console = Console(width=110)
-    for lo, hi in (("min_prompt", "max_prompt"), ("min_new", "max_new")):
-        if not 1 <= getattr(args, lo) <= getattr(args, hi):
-            Console(stderr=True).print(f"bench generate: need 1 <= --{lo.replace('_', '-')} <= "
-                                       f"--{hi.replace('_', '-')}")
-            return 2
     if args.write_random_model:
         write_random_model(args.write_random_model, args.seed)
         args.model = args.model or args.write_random_model
@@ -147,21 +153,18 @@ def run(args) -> int:
     del llm
     hf, theirs, t_hf, ttft_hf = _run_transformers(args.model, prompts, out_lens)
     n = sum(out_lens)
-    table = Table(title=f"{args.requests} requests, prompts {min(map(len, prompts))}-"
-                        f"{max(map(len, prompts))} tokens, outputs {min(out_lens)}-"
-                        f"{max(out_lens)} tokens (greedy, fp32, 1 torch thread)")
-    for col in ("generator", "useful tokens", "seconds", "tokens/s", "mean TTFT s"):
-        table.add_column(col, justify="left" if col == "generator" else "right")
-    table.add_row("transformers generate (static batch)", str(n), f"{t_hf:.1f}",
-                  f"{n / t_hf:.1f}", f"{ttft_hf:.2f}")
-    table.add_row(f"minipaged LLM (paged, block {args.block_size}, continuous)",
-                  str(n), f"{t_paged:.1f}", f"{n / t_paged:.1f}", f"{ttft_paged:.2f}")
-    console.print(table)
+    t = table(f"{args.requests} requests, prompts {min(map(len, prompts))}-"
+              f"{max(map(len, prompts))} tokens, outputs {min(out_lens)}-{max(out_lens)} tokens "
+              "(greedy, fp32, 1 torch thread)", ("generator", "useful tokens", "seconds",
+                                                "tokens/s", "mean TTFT s"), left=("generator",))
+    t.add_row("transformers generate (static batch)", str(n), f"{t_hf:.1f}", f"{n / t_hf:.1f}",
+              f"{ttft_hf:.2f}")
+    t.add_row(f"minipaged LLM (paged, block {args.block_size}, continuous)", str(n),
+              f"{t_paged:.1f}", f"{n / t_paged:.1f}", f"{ttft_paged:.2f}")
+    console.print(t)
     console.print(f"paged / transformers throughput: {t_hf / t_paged:.2f}x")
     same = [a == b for a, b in zip(ours, theirs)]
     console.print(f"identical greedy tokens: {sum(same)}/{len(same)} requests")
-    for i, ok in enumerate(same):
-        if not ok:
-            where = _margin(hf, prompts[i], ours[i], theirs[i])
-            console.print(f"  request {i}: differs at {where}")
+    for i in (i for i, ok in enumerate(same) if not ok):
+        console.print(f"  request {i}: differs at {_margin(hf, prompts[i], ours[i], theirs[i])}")
     return 0

@@ -31,55 +31,36 @@ from __future__ import annotations
 
 import math
 
-from minipaged._checks import cdiv
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+
 from minipaged._install import GPU_HINT
-from minipaged.kit.bench import median_time
+from minipaged.kit.bench import decode_case, median_time
+from minipaged.kit.cli.common import refuse_if_too_big, table
+from minipaged.paged.paged_attention import paged_attention as oracle
 
 
-def _case(rng, s, h, hkv, d, bs, ctx, dtype, xp=None):
-    """Random decode case with a scattered placement: q, key_cache, value_cache, tables, lens.
-    Made with ``xp`` (NumPy, or CuPy so that gigabytes of K/V are drawn on the device)."""
-    import numpy as np
-
-    xp = xp or np
-    nblocks = cdiv(ctx, bs)
-    nb = s * nblocks
-    normal = (lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(dtype)) \
-        if xp is np else (lambda shape: xp.random.standard_normal(shape, dtype=xp.float32)
-                          .astype(dtype))
-    q = normal((s, h, d))
-    kc = normal((nb, hkv, bs, d))
-    vc = normal((nb, hkv, bs, d))
-    tables = xp.asarray(rng.permutation(nb).astype(np.int32).reshape(s, nblocks))
-    lens = xp.asarray(np.full(s, ctx, np.int32))
-    return q, kc, vc, tables, lens
-
-
-def _check(console, backend, args) -> bool:
+def _check(console, xp, args) -> bool:
     """Every version against the NumPy oracle on a small ragged case: True when within
     tolerance."""
-    import numpy as np
-
     from minipaged.cuda import paged_attention as kernel
     from minipaged.cuda.kernels import VERSIONS
-    from minipaged.paged.paged_attention import paged_attention as oracle
 
     rng = np.random.default_rng(args.seed)
-    q, kc, vc, tables, lens = _case(rng, 3, args.heads, args.kv_heads, args.head_size,
-                                    args.block_size, 700, args.dtype)
+    q, kc, vc, tables, _ = decode_case(rng, 3, args.heads, args.kv_heads, args.head_size,
+                                       args.block_size, 700, args.dtype)
     lens = np.array([700, 1, 333], np.int32)
     expected = oracle(q, kc, vc, tables, lens).astype(np.float64)
     # float16 output: one fp16 ulp (2^-10 relative) plus float32 reordering; float32: 1e-5
     tol = (2.0**-10 if args.dtype == "float16" else 1e-5) * np.abs(expected) + 1e-4
     ok = True
     for version in VERSIONS:
-        if backend == "cupy":
-            import cupy
-
-            got = kernel(*(cupy.asarray(a) for a in (q, kc, vc, tables, lens)), backend="cupy",
-                         version=version).get()
-        else:
+        if xp is np:
             got = kernel(q, kc, vc, tables, lens, backend="cpu", version=version)
+        else:
+            got = kernel(*(xp.asarray(a) for a in (q, kc, vc, tables, lens)), backend="cupy",
+                         version=version).get()
         err = np.abs(got.astype(np.float64) - expected)
         passed = bool((err <= tol).all())
         ok &= passed
@@ -102,109 +83,78 @@ def _gpu_available() -> str | None:
     return None
 
 
-def _gpu_time(fn, repeats: int) -> float:
-    from minipaged.cuda.gpu_check import device_time
-
-    return device_time(fn, repeats)
-
-
-def _copy_bandwidth(backend: str) -> float:
-    """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write."""
-    import numpy as np
-
-    n = 1 << 28  # 256 MiB of float32 ... 1 GiB
-    if backend == "cupy":
-        import cupy
-
-        src = cupy.ones(n, cupy.float32)
-        dst = cupy.empty_like(src)
-        t = _gpu_time(lambda: cupy.copyto(dst, src), 10)
-        return 2 * src.nbytes / t
-    src = np.ones(n // 8, np.float32)
-    dst = np.empty_like(src)
-    return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats=5)
+def _copy_bandwidth(xp, timer) -> float:
+    """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write: 1 GiB
+    of float32 on a GPU, 128 MiB in RAM."""
+    src = xp.ones(1 << 25 if xp is np else 1 << 28, xp.float32)
+    dst = xp.empty_like(src)
+    return 2 * src.nbytes / timer(lambda: xp.copyto(dst, src), 10)
 
 
 def run(args) -> int:
-    import numpy as np
-    from rich.console import Console
-    from rich.table import Table
+    from minipaged.cuda.kernels import VERSIONS
 
     console = Console()
-    backend = args.backend
-    if backend == "cupy":
-        reason = _gpu_available()
-        if reason is not None:
-            from rich.markup import escape
-
-            console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
-                          "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
-            return 1
-    gpu = backend == "cupy"
+    gpu = args.backend == "cupy"
+    if gpu and (reason := _gpu_available()) is not None:
+        console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
+                      "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
+        return 1
     s = args.seqs or (64 if gpu else 2)
     contexts = args.contexts or ([1024, 4096, 16384] if gpu else [256, 1024])
     repeats = args.repeats or (20 if gpu else 3)
     if args.quick:
         args.heads, args.kv_heads, args.head_size = 4, 2, 64
         s, contexts, repeats = 1, [64], 1
-    if args.heads % args.kv_heads:
-        raise ValueError(f"--heads={args.heads} must be a multiple of --kv-heads="
-                         f"{args.kv_heads}")
+    H, Hkv, D, BS = args.heads, args.kv_heads, args.head_size, args.block_size
+    if H % Hkv:
+        raise ValueError(f"--heads={H} must be a multiple of --kv-heads={Hkv}")
+    itemsize = np.dtype(args.dtype).itemsize
     if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
-        from minipaged.kit.cli.common import refuse_if_too_big
-
-        itemsize = 2 if args.dtype == "float16" else 4
-        refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads="
-                          f"{args.kv_heads}", 4 * s * (max(contexts) + args.block_size)
-                          * args.kv_heads * args.head_size * itemsize)
-
-
+        refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads={Hkv}",
+                          4 * s * (max(contexts) + BS) * Hkv * D * itemsize)
     if gpu:
+        import cupy
+
         from minipaged.cuda import cupy_runner
+        from minipaged.cuda.gpu_check import device_time as timer  # CUDA events: device time
 
         console.print(f"device: {cupy_runner.device_info()}")
-    if not _check(console, backend, args):
+    else:
+        def timer(fn, repeats: int) -> float:
+            return median_time(fn, repeats=repeats)
+    xp = cupy if gpu else np
+    if not _check(console, xp, args):
         console.print("[red]the kernel disagrees with the oracle: not timing a wrong answer[/]")
         return 1
-    copy_bw = _copy_bandwidth(backend)
+    copy_bw = _copy_bandwidth(xp, timer)
     console.print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
 
-    table = Table(title=f"decode attention, S={s} H={args.heads} Hkv={args.kv_heads} "
-                  f"D={args.head_size} BS={args.block_size} {args.dtype}, backend={backend}")
-    for col in ("context", "version", "kernel (ms)", "KV GB/s", "% of copy BW",
-                "overhead (ms)", "baseline (ms)", "kernel / baseline"):
-        table.add_column(col, justify="right")
+    t = table(f"decode attention, S={s} H={H} Hkv={Hkv} D={D} BS={BS} {args.dtype}, "
+              f"backend={args.backend}", ("context", "version", "kernel (ms)", "KV GB/s",
+                                          "% of copy BW", "overhead (ms)", "baseline (ms)",
+                                          "kernel / baseline"))
     rng = np.random.default_rng(args.seed)
-    scale = 1.0 / math.sqrt(args.head_size)
+    scale = 1.0 / math.sqrt(D)
     for ctx in contexts:
-        kv_bytes = 2 * s * ctx * args.kv_heads * args.head_size * np.dtype(args.dtype).itemsize
+        data = decode_case(rng, s, H, Hkv, D, BS, ctx, args.dtype, xp=xp)
         if gpu:
-            import cupy
-
-            data = _case(rng, s, args.heads, args.kv_heads, args.head_size, args.block_size, ctx,
-                         args.dtype, xp=cupy)
-            base_t, base_out = _torch_baseline(*data[:4], ctx, scale, repeats)
+            base_t, base_out = _torch_baseline(*data[:4], ctx, scale, repeats, timer)
         else:
-            from minipaged.paged.paged_attention import paged_attention as oracle
-
-            data = _case(rng, s, args.heads, args.kv_heads, args.head_size, args.block_size, ctx,
-                         args.dtype)
-            base_t = median_time(lambda: oracle(*data), repeats=repeats)  # noqa: B023
-            base_out = None
-        for version in _timed_versions():
-            t, overhead_t, out = _time_version(data, backend, version, repeats,
-                                               warmup=0 if args.quick else 1)
+            base_t, base_out = timer(lambda: oracle(*data), repeats), None  # noqa: B023
+        for version in [v for v in VERSIONS if v != 0]:  # v0 (naive) is far too slow here
+            sec, overhead, out = _time_version(data, args.backend, version, repeats, timer)
             if base_out is not None:  # the baseline doubles as a check at full size
-                err = float(cupy.abs(out.astype(cupy.float32) - base_out).max())
+                err = float(xp.abs(out.astype(xp.float32) - base_out).max())
                 if err > 1e-2:
                     console.print(f"[red]ctx {ctx} v{version}: differs from torch by {err:.2e}[/]")
                     return 1
-            bw = kv_bytes / t
-            table.add_row(str(ctx), f"v{version}", f"{t * 1e3:.3f}", f"{bw / 1e9:.3g}",
-                          f"{100 * bw / copy_bw:.0f}%", f"{overhead_t * 1e3:.3f}",
-                          f"{base_t * 1e3:.3f}" if base_t else "n/a",
-                          f"{t / base_t:.2f}x" if base_t else "n/a")
-    console.print(table)
+            bw = 2 * s * ctx * Hkv * D * itemsize / sec         # K and V bytes read / time
+            t.add_row(str(ctx), f"v{version}", f"{sec * 1e3:.3f}", f"{bw / 1e9:.3g}",
+                      f"{100 * bw / copy_bw:.0f}%", f"{overhead * 1e3:.3f}",
+                      f"{base_t * 1e3:.3f}" if base_t else "n/a",
+                      f"{sec / base_t:.2f}x" if base_t else "n/a")
+    console.print(t)
     console.print("kernel: the prepared launch alone; overhead: what the wrapper paged_attention() "
                   "adds before each launch (checks, host copies of seq_lens and block_tables, "
                   "allocation), timed alone on the host")
@@ -217,31 +167,20 @@ def run(args) -> int:
     return 0
 
 
-def _timed_versions() -> list[int]:
-    """Every version but the naive v0 (far too slow for these sizes; gpu-check checks it)."""
-    from minipaged.cuda.kernels import VERSIONS
-
-    return [v for v in VERSIONS if v != 0]
-
-
-def _time_version(data, backend: str, version: int, repeats: int, warmup: int):
-    """(kernel seconds, wrapper overhead seconds, output) for one version. The kernel figure
-    times only the prepared launch (CUDA events on the GPU: device time). The overhead is what
-    the public paged_attention() does before every launch, timed alone on the host:
-    prepare_paged_attention's checks, host copies of seq_lens and block_tables, allocation."""
+def _time_version(data, backend: str, version: int, repeats: int, timer):
+    """(kernel seconds, wrapper overhead seconds, output) for one version, timed as the module
+    docstring says: the prepared launch by ``timer``, its preparation alone on the host."""
     from minipaged.cuda import launch
 
     def prepare():
         return launch.prepare_paged_attention(*data, backend=backend, version=version)
 
     prepared = prepare()
-    overhead_t = median_time(prepare, repeats=max(repeats, 5))
-    if backend == "cupy":
-        return _gpu_time(prepared, repeats), overhead_t, prepared()
-    return median_time(prepared, repeats=repeats, warmup=warmup), overhead_t, prepared()
+    overhead = median_time(prepare, repeats=max(repeats, 5))
+    return timer(prepared, repeats), overhead, prepared()
 
 
-def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats):
+def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats, timer):
     """(median seconds, output) of torch's SDPA on the same K/V made contiguous, or (None, None)
     when torch has no CUDA here. K/V [S, Hkv, ctx, D]; GQA through enable_gqa."""
     try:
@@ -262,18 +201,16 @@ def _torch_baseline(q, kc, vc, tables, ctx, scale, repeats):
     k, v = contiguous(tkc), contiguous(tvc)
     q4 = tq.reshape(s, h, 1, d)
 
+    gqa = {"enable_gqa": True} if hkv != h else {}
     try:  # enable_gqa (torch >= 2.5) reads each KV head once for its H/Hkv query heads
-        F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, enable_gqa=hkv != h)
+        F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, **gqa)
     except TypeError:  # older torch: repeat the KV heads (more bytes: the baseline gets slower)
         k, v = (x.repeat_interleave(h // hkv, dim=1) for x in (k, v))
+        gqa = {}
 
     def call():
-        if k.shape[1] == h:
-            return F.scaled_dot_product_attention(q4, k, v, scale=scale)
-        return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q4, k, v, scale=scale, **gqa)
 
-    t = _gpu_time(call, repeats)
     import cupy
 
-    out = cupy.from_dlpack(call().reshape(s, h, d).float().contiguous())
-    return t, out
+    return timer(call, repeats), cupy.from_dlpack(call().reshape(s, h, d).float().contiguous())

@@ -1,20 +1,14 @@
 """The baseline of ``minipaged bench allocator``: a block manager written the obvious way.
 
-What it holds: ``PlainBlockManager``, the manager that ``allocator.py`` times minipaged's
-``KVCacheManager`` against, in the style of compact engines. It keeps the same blocks and does
-the same operations on the benchmark's trace (allocate with prefix caching, append_slot with
-copy-on-write of a shared last block, fork, free: the same counts and the same prefix hits), so
-the ratio printed is a ratio of data structures, not of work:
-
-    free list     a deque of block ids (a reused block is taken from the left)
-    prefix cache  a dict hash -> block id; a block's hash and tokens live on a Block object
-                  (``_Block``), one per physical block
-    cache hit     on a free block, the block is removed from the deque by value: O(NB), the
-                  obvious way, where KVCacheManager's free queue (an OrderedDict,
-                  ``sharing/prefix_cache.py``) drops it in O(1)
-
-Out of blocks it raises ``MemoryError`` (the benchmark treats it as KVCacheManager's
-``OutOfBlocksError``). It is a yardstick only: nothing else in the package uses it.
+``PlainBlockManager`` does what ``KVCacheManager`` does on the benchmark's trace (allocate with
+prefix caching, append_slot with copy-on-write of a shared last block, fork, free: the same
+counts and the same prefix hits), so the ratio printed is one of data structures, not of work.
+Its structures are those of compact engines: a deque of free block ids (a reused block is taken
+from the left), a dict hash -> block id, and a ``_Block`` per physical block holding its hash
+and tokens. A cache hit on a free block removes it from the deque by value, O(NB), where
+KVCacheManager's free queue (an OrderedDict, ``sharing/prefix_cache.py``) drops it in O(1).
+Out of blocks it raises ``MemoryError`` (the benchmark treats it as ``OutOfBlocksError``). A
+yardstick only: nothing else in the package uses it.
 
 Read before: ``allocator.py`` (the benchmark). Read next: ``../../serving/swap.py``
 (``KVCacheManager``, the manager it is measured against).

@@ -10,23 +10,22 @@ snapshot. Budget: 10K requests in under 10 s on one core.
 
 from __future__ import annotations
 
+import time
+
+from rich.console import Console
+
+from minipaged.kit.cli.common import check_sim_size, progress_bar, table
+
 
 def run(args) -> int:
-    import time
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from minipaged.kit.cli.common import check_sim_size, progress_bar
     from minipaged.sim.simulator import SimConfig, simulate
 
     sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])
     check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
-    t = Table(title=f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, "
-                    f"all arrivals at t=0")
-    for c in ("requests", "wall s", "CPU s", "requests/s", "tokens/s", "steps", "preemptions"):
-        t.add_column(c, justify="right")
+    t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "
+              "at t=0", ("requests", "wall s", "CPU s", "requests/s", "tokens/s", "steps",
+                         "preemptions"))
     for n in sizes:
         cfg = SimConfig(workload="sharegpt", policy=args.policy, num_requests=n,
                         block_size=args.block_size)

@@ -11,9 +11,9 @@ text, its parser (``add_NAME``) and its runner (what it does with the parsed arg
     generation.py  generate, train                   the tiny model (or a Hugging Face one)
 
 ``args.py`` holds what every parser is built with (checked numbers and paths, the help layout),
-``common.py`` what the runners share (errors, memory limits, progress bar, JSON). This module
-puts the commands together, in the order of the course, and runs one command line. Heavy
-imports (torch, the simulator) happen inside the runners, so ``--help`` is instant.
+``common.py`` what the runners share (errors, memory limits, progress bar, tables, JSON). This
+module puts the commands together, in the order of the course, and runs one command line. Heavy
+imports (torch, CuPy, the simulator) happen inside the runners, so ``--help`` is instant.
 
 One error style: bad input, found by the parser or by the code it calls (a ValueError, a missing
 file, a size that does not fit in memory, a closed pipe ...), prints one line,

@@ -1,19 +1,26 @@
-"""What the runners share: which errors are the user's, memory limits, reading, progress, JSON.
+"""What the runners share: which errors are the user's, memory limits, reading, output.
 
 A runner checks what the parser cannot (sizes against the memory there is, files that must be
 readable), then calls the package's plain functions and prints. A refusal is a ValueError
 whose message names the argument, its value and what was expected; ``main`` prints it, as one
 line, when ``user_errors`` counts its kind, described by ``describe``. The ``bench`` runners
-(``minipaged/kit/bench/``) use the same memory checks and progress bar.
+(``minipaged/kit/bench/``) use the same memory checks, progress bar and tables.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import sys
 from contextlib import contextmanager
+
+from rich.table import Table
+
+from minipaged._checks import OutOfBlocksError
+from minipaged._install import TORCH_HINT
+from minipaged.sim.memory import preset
 
 # ---- errors and sizes --------------------------------------------------------------------------
 
@@ -21,8 +28,6 @@ from contextlib import contextmanager
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions bad input causes. Errors of the package's own kinds count too, when the
     module that defines them was imported (a module never imported raised nothing)."""
-    from minipaged._checks import OutOfBlocksError
-
     kinds: list[type[BaseException]] = [ValueError, TypeError, OSError, ArithmeticError,
                                         RecursionError, MemoryError, OutOfBlocksError]
     for module, name in (("minipaged.model.runner", "BackendUnavailableError"),
@@ -47,27 +52,21 @@ def describe(e: BaseException) -> str:
 
 
 def available_memory() -> int:
-    """Bytes this process could still allocate: the system's available memory, capped by the
-    process's address-space limit (``ulimit -v``) when one is set."""
-    avail = None
+    """Bytes this process could still allocate: the system's available memory (its physical
+    memory where there is no /proc/meminfo), capped by the process's address-space limit
+    (``ulimit -v``) when one is set."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if avail is None:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            avail = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            avail = min(avail, soft)
-    except (ImportError, OSError, ValueError):
-        pass
-    return avail
+    except ImportError:                 # Windows: no address-space limit to read
+        return avail
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return avail if soft == resource.RLIM_INFINITY else min(avail, soft)
 
 
 def refuse_if_too_big(what: str, need: float) -> None:
@@ -93,8 +92,6 @@ def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b
                    flag: str = "--num-requests") -> None:
     """Refuse a simulation too big for this machine (``block_size=None``: a contiguous policy,
     which keeps no per-block state)."""
-    from minipaged.sim.memory import preset
-
     p = preset(model, kv_cache_gb=kv_cache_gb)
     blocks = 0 if block_size is None else p.num_blocks(block_size)
     what = f"{flag}={num_requests}" + (f" x {samples} sequences" if samples > 1 else "")
@@ -102,6 +99,12 @@ def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b
         what += f" with --kv-cache-gb={kv_cache_gb:g} ({blocks:,} simulated blocks)"
     refuse_if_too_big(what, num_requests * samples * SIM_BYTES_PER_REQUEST
                       + blocks * SIM_BYTES_PER_BLOCK)
+
+
+def need_torch() -> None:
+    """Refuse a command that needs torch, with the install hint, where torch is missing."""
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_HINT)
 
 
 @contextmanager
@@ -119,6 +122,14 @@ def reading(flag: str, value: str):
 
 
 # ---- output helpers ----------------------------------------------------------------------------
+
+def table(title: str, columns, *, left=(), **kw):
+    """A rich Table with these columns: figures right-justified, the ``left`` ones left."""
+    t = Table(title=title, **kw)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    return t
+
 
 def progress_bar(console, label: str):
     """A rich progress bar as a context manager yielding ``update(done, total)``."""
@@ -147,7 +158,12 @@ def _jsonable(obj):
 
 
 def write_json(console, path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(_jsonable(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
-        f.write("\n")
+    """``obj`` as JSON into ``path``, the value of ``--json`` (the parser checked its folder;
+    a full disk is still found only here)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_jsonable(obj), f, indent=2, sort_keys=True, default=str, allow_nan=False)
+            f.write("\n")
+    except OSError as e:
+        raise ValueError(f"--json={path!r} cannot be written: {e.strerror or e}") from None
     console.print(f"wrote {path}")

@@ -8,10 +8,15 @@ its progress and block tables on stderr; ``train`` retrains the shipped checkpoi
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
+from dataclasses import fields
 
-from minipaged._install import HF_EXTRA, TORCH_HINT  # the install hint, one text for every command
+from rich.console import Console
+from rich.text import Text
+
+from minipaged._install import HF_EXTRA  # the install hint, one text for every command
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
     bounds,
@@ -22,7 +27,16 @@ from minipaged.kit.cli.args import (
     output_file,
     path,
 )
-from minipaged.kit.cli.common import SIM_BYTES_PER_BLOCK, describe, reading, refuse_if_too_big
+from minipaged.kit.cli.common import (
+    SIM_BYTES_PER_BLOCK,
+    describe,
+    need_torch,
+    reading,
+    refuse_if_too_big,
+)
+from minipaged.model import train as training
+from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model
+from minipaged.model.sampling import SamplingParams
 
 # ---- generate ----------------------------------------------------------------------------------
 
@@ -92,8 +106,6 @@ def _escape(text: str) -> str:
 
 def _block_drawer(console):
     """An ``on_step`` callback that draws the block tables when a step changed them."""
-    from rich.text import Text
-
     last: dict = {}
 
     def draw(stats) -> None:
@@ -136,8 +148,22 @@ def _progress(console, every_s: float = 2.0):
     return show
 
 
-def _load_hf(args):
-    """(model, tokenizer, prompts as token ids or text) for ``--model DIR``."""
+def _load(args):
+    """(model, tokenizer or None, prompts as text or token ids): the Hugging Face model of
+    ``--model DIR``, the tiny model of ``--checkpoint``, or the shipped tiny model."""
+    if args.model is None:
+        if args.chat or args.max_model_len is not None:
+            raise ValueError("--chat and --max-model-len need --model DIR")
+        if args.checkpoint is None:
+            return load_model(), None, args.prompts
+        try:
+            with reading("--checkpoint", args.checkpoint):
+                return load_model(args.checkpoint), None, args.prompts
+        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as e:
+            raise ValueError(f"--checkpoint={args.checkpoint!r} is not a minipaged checkpoint "
+                             f"({describe(e)})") from None
+    if args.checkpoint is not None:
+        raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
     try:
         from minipaged.model.hf import load_hf
 
@@ -151,39 +177,15 @@ def _load_hf(args):
 
 
 def generate(args) -> int:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        raise ValueError(TORCH_HINT)
-    import pickle
-
+    need_torch()
     import torch
-    from rich.console import Console
-
-    from minipaged.model.checkpoint import load_model
-    from minipaged.model.sampling import SamplingParams
 
     torch.set_num_threads(1)
     err = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, n=args.n, beam_width=args.beam_width,
                             seed=args.seed)
-    tokenizer, prompts = None, args.prompts
-    if args.model is not None:
-        if args.checkpoint is not None:
-            raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
-        model, tokenizer, prompts = _load_hf(args)
-    elif args.chat or args.max_model_len is not None:
-        raise ValueError("--chat and --max-model-len need --model DIR")
-    elif args.checkpoint is None:
-        model = load_model()
-    else:
-        try:
-            with reading("--checkpoint", args.checkpoint):
-                model = load_model(args.checkpoint)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as e:
-            raise ValueError(f"--checkpoint={args.checkpoint!r} is not a minipaged checkpoint "
-                             f"({describe(e)})") from None
+    model, tokenizer, prompts = _load(args)
     t0 = time.perf_counter()
     if args.reference:
         from minipaged.model.reference import ReferenceGenerator
@@ -242,10 +244,7 @@ examples:
 
 
 def add_train(sub) -> None:
-    from minipaged.model.checkpoint import DEFAULT_CHECKPOINT
-    from minipaged.model.train import TrainSettings
-
-    d = TrainSettings()
+    d = training.TrainSettings()
     p = command(sub, "train", "train the tiny counting model (a few minutes of CPU)",
                 TRAIN_HELP, train)
     num(p, "--seed", int, d.seed, "seed of the examples and the initial weights", NON_NEGATIVE)
@@ -261,13 +260,7 @@ def add_train(sub) -> None:
 
 
 def train(args) -> int:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        raise ValueError(TORCH_HINT)
-    from minipaged.model.train import TrainSettings, train
-
-    train(TrainSettings(seed=args.seed, steps=args.steps, batch_size=args.batch_size,
-                        lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
-                        threads=args.threads, num_eval=args.num_eval), args.out)
+    need_torch()
+    settings = {f.name: getattr(args, f.name) for f in fields(training.TrainSettings)}
+    training.train(training.TrainSettings(**settings), args.out)  # a flag for every setting
     return 0

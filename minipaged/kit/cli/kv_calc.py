@@ -1,14 +1,18 @@
 """The ``kv-calc`` command: how many tokens, slots and blocks fit in a KV cache budget.
 
-Its ``--help`` text, its parser (``add_kv_calc``) and its runner (``kv_calc``), which prints the
-figures of ``minipaged.sim.memory.kv_calc`` as a table (or as JSON).
+Its runner prints the figures of ``minipaged.sim.memory.kv_calc`` as a table (or as JSON).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+from rich.console import Console
 
 from minipaged.kit.cli.args import bounds, command, num
+from minipaged.kit.cli.common import table
+from minipaged.sim import memory
 
 KV_CALC_HELP = """\
 How many tokens fit: KV bytes per token, token slots, blocks, and the block table's own size.
@@ -31,15 +35,13 @@ layer, kv_lora_rank 512 + qk_rope_head_dim 64 elements, on every GPU (TP does no
 
 
 def add_kv_calc(sub) -> None:
-    from minipaged.sim.memory import KV_DTYPE_BYTES, KV_PRESETS
-
     p = command(sub, "kv-calc", "KV cache arithmetic: bytes per token, slots, blocks, "
                 "block-table size", KV_CALC_HELP, kv_calc)
-    p.add_argument("--model", default="opt-13b", choices=sorted(KV_PRESETS),
+    p.add_argument("--model", default="opt-13b", choices=sorted(memory.KV_PRESETS),
                    help="model + GPU preset (opt-13b: A100-40GB with 12 GiB of KV cache, the "
                         "paper's setting; llama-3-8b: H100-80GB; deepseek-v2: MLA, 8 H100s)")
     num(p, "--tp", int, None, "tensor-parallel GPUs (unset: the preset's): KV bytes per GPU")
-    p.add_argument("--kv-dtype", choices=sorted(KV_DTYPE_BYTES),
+    p.add_argument("--kv-dtype", choices=sorted(memory.KV_DTYPE_BYTES),
                    help="KV cache dtype (unset: the model's): 2 bytes per element, fp8 1")
     num(p, "--kv-cache-gb", float, None, "override the KV cache budget, in GiB",
         bounds(above=0, high=2**40))
@@ -55,17 +57,12 @@ def add_kv_calc(sub) -> None:
 
 
 def kv_calc(args) -> int:
-    from dataclasses import replace
-
-    from rich.console import Console
-    from rich.table import Table
-
     from minipaged.kit.quiz import nbytes
-    from minipaged.sim.memory import kv_calc, kv_preset
 
     if args.kv_dtype is not None and args.dtype_bytes is not None:
         raise ValueError("--kv-dtype and --dtype-bytes both set the bytes per element: give one")
-    p = kv_preset(args.model, kv_cache_gb=args.kv_cache_gb, tp=args.tp, kv_dtype=args.kv_dtype)
+    p = memory.kv_preset(args.model, kv_cache_gb=args.kv_cache_gb, tp=args.tp,
+                         kv_dtype=args.kv_dtype)
     if any(v is not None for v in (args.layers, args.kv_heads, args.head_size, args.dtype_bytes)):
         m = p.model                  # a custom model: the given values replace the preset's
         if m.is_mla and (args.kv_heads or args.head_size):
@@ -77,7 +74,7 @@ def kv_calc(args) -> int:
                     num_heads=heads, num_kv_heads=kv_heads, head_size=args.head_size or
                     m.head_size, dtype_bytes=args.dtype_bytes or m.dtype_bytes)
         p = replace(p, model=m)
-    r = kv_calc(p, block_size=args.block_size, context_len=args.context_len,
+    r = memory.kv_calc(p, block_size=args.block_size, context_len=args.context_len,
                 num_requests=args.num_requests, entry_bytes=args.entry_bytes)
     if args.json:
         print(json.dumps(r, indent=2))
@@ -86,10 +83,9 @@ def kv_calc(args) -> int:
     how = ((f"(kv_lora_rank + qk_rope_head_dim) x layers x {r['kv_dtype_bytes']} B (MLA)")
            if r["mla"] else f"2 x layers x {r['kv_heads_per_gpu']} KV heads{per_gpu} x "
            f"head_size x {r['kv_dtype_bytes']} B")
-    t = Table(title=f"KV cache of {r['model']} on {r['gpu']}"
-                    + (f", tensor parallel over {r['tp']} GPUs" if r["tp"] > 1 else ""))
-    for col, justify in (("quantity", "left"), ("value", "right"), ("how", "left")):
-        t.add_column(col, justify=justify)
+    t = table(f"KV cache of {r['model']} on {r['gpu']}"
+              + (f", tensor parallel over {r['tp']} GPUs" if r["tp"] > 1 else ""),
+              ("quantity", "value", "how"), left=("quantity", "how"))
     for row in (
         (f"KV bytes per token{per_gpu}", nbytes(r["kv_bytes_per_token"]), how),
         (f"KV cache budget{per_gpu}", nbytes(r["kv_cache_bytes"]), "preset or --kv-cache-gb"),

@@ -8,7 +8,15 @@ Their parsers are here; what they do lives beside what they measure: each ``benc
 
 from __future__ import annotations
 
-from minipaged.kit.cli.args import NON_NEGATIVE, command, num, output_file, path
+from minipaged.kit.cli.args import (
+    NON_NEGATIVE,
+    command,
+    input_dir,
+    num,
+    output_dir,
+    output_file,
+    path,
+)
 
 # ---- bench -------------------------------------------------------------------------------------
 
@@ -52,10 +60,10 @@ def add_bench(sub) -> None:
     num(g, "--block-size", int, 16, "token slots per block of the paged engine")
     num(g, "--repeats", int, 3, "timed runs (the median is reported)")
     hf = g.add_argument_group("with --model: the paged engine against transformers")
-    hf.add_argument("--model", default=None, metavar="DIR",
-                    help="a Hugging Face model directory (needs transformers)")
-    hf.add_argument("--write-random-model", default=None, metavar="DIR",
-                    help="first write a random model of SmolLM2-135M's shape to DIR")
+    path(hf, "--model", input_dir, "a Hugging Face model directory (needs transformers)",
+         metavar="DIR")
+    path(hf, "--write-random-model", output_dir, "first write a random model of SmolLM2-135M's "
+         "shape to DIR", metavar="DIR")
     num(hf, "--min-prompt", int, 20, "shortest prompt, tokens")
     num(hf, "--max-prompt", int, 300, "longest prompt, tokens")
     num(hf, "--min-new", int, 16, "shortest output, tokens")

@@ -1,17 +1,18 @@
 """The simulator's commands: ``simulate``, ``experiment`` and ``factcheck``.
 
-Each command is its ``--help`` text, its parser (``add_NAME``) and its runner (``NAME``), which
-runs the serving simulator (``minipaged/sim/``): one workload, one of the paper's experiments, or
-every checkable claim of the interview answer (``kit/quiz/factcheck.py``).
+Their runners run the serving simulator (``minipaged/sim/``): one workload, one of the paper's
+experiments, or every checkable claim of the interview answer (``kit/quiz/factcheck.py``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
+
+from rich.console import Console
 
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
-    Parser,
     bounds,
     command,
     json_out,
@@ -19,7 +20,9 @@ from minipaged.kit.cli.args import (
     path,
     workload,
 )
-from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, write_json
+from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, table, write_json
+from minipaged.serving.memory_policy import POLICY_NAMES
+from minipaged.sim.memory import PRESETS
 
 # ---- simulate ----------------------------------------------------------------------------------
 
@@ -37,11 +40,10 @@ examples:
 """
 
 SUMMARY_ROWS = (
-    ("token states (of KV memory)", lambda r: f"{100 * r.kv_usage['token']:.1f}%"),
-    ("reserved", lambda r: f"{100 * r.kv_usage['reserved']:.1f}%"),
-    ("internal fragmentation", lambda r: f"{100 * r.kv_usage['internal_fragmentation']:.1f}%"),
-    ("external fragmentation", lambda r: f"{100 * r.kv_usage['external_fragmentation']:.1f}%"),
-    ("free", lambda r: f"{100 * r.kv_usage['free']:.1f}%"),
+    *((label, lambda r, k=key: f"{100 * r.kv_usage[k]:.1f}%") for label, key in (
+        ("token states (of KV memory)", "token"), ("reserved", "reserved"),
+        ("internal fragmentation", "internal_fragmentation"),
+        ("external fragmentation", "external_fragmentation"), ("free", "free"))),
     ("token states while queued", lambda r: "-" if r.kv_usage_saturated is None
      else f"{100 * r.kv_usage_saturated['token']:.1f}%"),
     ("avg batch size (seqs/decode step)", lambda r: f"{r.avg_batch_size:.1f}"),
@@ -57,10 +59,9 @@ SUMMARY_ROWS = (
 )
 
 
-def _sim_args(p: Parser) -> None:
-    from minipaged.serving.memory_policy import POLICY_NAMES
-    from minipaged.sim.memory import PRESETS
-
+def add_simulate(sub) -> None:
+    p = command(sub, "simulate", "simulate serving a workload: memory, batch, throughput",
+                SIM_HELP, simulate)
     path(p, "--workload", workload, "sharegpt, alpaca (synthetic, shaped like the paper's "
          "Fig. 11) or a JSONL file of {\"prompt_len\", \"output_len\"[, \"arrival_s\"]} lines",
          default="sharegpt")
@@ -90,19 +91,10 @@ def _sim_args(p: Parser) -> None:
     num(p, "--max-num-batched-tokens", int, None,
         "per-step token budget (unset: 2048, or 512 with chunked prefill)")
     num(p, "--max-num-seqs", int, 256, "sequences per step at most")
-
-
-def add_simulate(sub) -> None:
-    p = command(sub, "simulate", "simulate serving a workload: memory, batch, throughput",
-                SIM_HELP, simulate)
-    _sim_args(p)
     json_out(p, "every figure")
 
 
 def simulate(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from minipaged.sim.simulator import SimConfig, simulate
     from minipaged.sim.workloads import WORKLOADS, load_jsonl
 
@@ -124,10 +116,8 @@ def simulate(args) -> int:
     console = Console()
     with progress_bar(console, f"simulating {cfg.policy}") as update:
         r = simulate(cfg, progress=update)
-    t = Table(title=f"{cfg.workload}, {cfg.num_requests} requests at {cfg.request_rate} req/s, "
-                    f"seed {cfg.seed}")
-    t.add_column("figure")
-    t.add_column(cfg.policy, justify="right")
+    t = table(f"{cfg.workload}, {cfg.num_requests} requests at {cfg.request_rate} req/s, seed "
+              f"{cfg.seed}", ("figure", cfg.policy), left=("figure",))
     for label, cell in SUMMARY_ROWS:
         t.add_row(label, cell(r))
     console.print(t)
@@ -168,8 +158,6 @@ def add_experiment(sub) -> None:
 
 
 def experiment(args) -> int:
-    from rich.console import Console
-
     from minipaged.sim import experiments
 
     check_sim_size(args.num_requests or 1000, 6)   # experiment 2 runs beams of width 6
@@ -207,10 +195,6 @@ def add_factcheck(sub) -> None:
 
 
 def factcheck(args) -> int:
-    from dataclasses import asdict
-
-    from rich.console import Console
-
     from minipaged.kit.quiz import factcheck
 
     console = Console()

@@ -1,17 +1,19 @@
 """The teaching commands: ``demo``, ``check``, ``quiz`` and ``present``.
 
-Each command is its ``--help`` text, its parser (``add_NAME``) and its runner (``NAME``), which
-hands the parsed arguments to the classroom kit: the demo player (``kit/demo.py``), the grader
-(``kit/grader/``), the interview drills (``kit/quiz/``) and the slide presenter
+Their runners hand the parsed arguments to the classroom kit: the demo player (``kit/demo.py``),
+the grader (``kit/grader/``), the interview drills (``kit/quiz/``) and the slide presenter
 (``kit/present.py``, ``kit/figures.py``).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from rich.console import Console
 
 from minipaged.kit.cli.args import NON_NEGATIVE, bounds, command, input_file, num, output_dir, path
-from minipaged.kit.cli.common import check_sim_size, reading
+from minipaged.kit.cli.common import check_sim_size, reading, table
 
 # ---- demo --------------------------------------------------------------------------------------
 
@@ -89,21 +91,16 @@ def add_check(sub) -> None:
 
 
 def check(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from minipaged.kit.grader import all_exercises, grade, resolve
     from minipaged.kit.grader.report import print_report
 
     console = Console()
     if args.list or not args.exercise:
-        table = Table(title="exercises (minipaged check NUMBER)")
-        for col, justify in (("#", "right"), ("file", "left"), ("topic", "left"),
-                             ("cases", "right")):
-            table.add_column(col, justify=justify)
+        t = table("exercises (minipaged check NUMBER)", ("#", "file", "topic", "cases"),
+                  left=("file", "topic"))
         for ex in all_exercises().values():
-            table.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
-        console.print(table)
+            t.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
+        console.print(t)
         return 0 if args.list else 2
     exercise, path = resolve(args.exercise, solution=args.solution)
     result = grade(exercise, path, timeout_s=args.timeout)
@@ -141,9 +138,6 @@ def add_quiz(sub) -> None:
 
 
 def quiz(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from minipaged.kit import quiz
     from minipaged.kit.quiz.glossary import glossary_table
 
@@ -152,9 +146,8 @@ def quiz(args) -> int:
         console.print(glossary_table())
         return 0
     if args.list:
-        t = Table(title="interview drills (minipaged quiz --only KEY)")
-        for col in ("#", "key", "source", "question"):
-            t.add_column(col)
+        columns = ("#", "key", "source", "question")
+        t = table("interview drills (minipaged quiz --only KEY)", columns, left=columns)
         for i, d in enumerate(quiz.DRILLS, 1):
             t.add_row(str(i), d.key, d.source, f"{d.zh}\n{d.en}")
         console.print(t)
@@ -200,10 +193,6 @@ def add_present(sub) -> None:
 
 
 def present(args) -> int:
-    from pathlib import Path
-
-    from rich.console import Console
-
     from minipaged.kit import figures
     from minipaged.kit.present import present
 
