@@ -29,8 +29,6 @@ from minipaged._checks import cdiv
 from minipaged.sim.simulator import SimConfig, simulate
 from minipaged.sim.workloads import make_workload
 
-EXPERIMENTS_HELP = __doc__
-
 # The paper's figures (Kwon et al., SOSP 2023, Fig. 2 and Fig. 15), [fig] = read off a figure.
 PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV memory
     "orca-max": (20.4, 13.3, 57.3, 8.9),
@@ -66,7 +64,9 @@ def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
             "saturated_avg_batch_size": sat.avg_batch_size}
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal (None: "-"): the one format of every table
+    of the simulator and the quiz."""
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -95,7 +95,7 @@ def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
             t.add_row(pol, cell(u["token"], p[0]), cell(u["reserved"], p[1]),
                       cell(u["internal_fragmentation"], p[2]),
                       cell(u["external_fragmentation"] + u["free"], p[3]),
-                      _pct(d["token_share_of_used"]))
+                      pct(d["token_share_of_used"]))
         console.print(t)
     return out
 
@@ -123,7 +123,7 @@ def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "shareg
         for w, kinds in out.items():
             for kind, vals in kinds.items():
                 paper = PAPER_FIG15_ALPACA[kind] if w == "alpaca" else {}
-                t.add_row(w, kind, *[f"{_pct(vals[k])}" + (f" ({paper[k]:.1f}%)"
+                t.add_row(w, kind, *[f"{pct(vals[k])}" + (f" ({paper[k]:.1f}%)"
                                                            if k in paper else "")
                                      for k in widths])
         console.print(t)
@@ -216,7 +216,7 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
                 t.add_column(c, justify="right")
             for bs in sizes:
                 d = out[w][bs]
-                row = [str(bs), _pct(d["waste_share_of_used"]),
+                row = [str(bs), pct(d["waste_share_of_used"]),
                        f"{d['block_table_bytes_per_request']:.0f}",
                        f"{d['blocks_read_per_decode']:.1f}", f"{d['avg_batch_size']:.1f}",
                        f"{d['throughput_tokens_per_s']:.0f}"]

@@ -22,6 +22,7 @@ from minipaged.kit.cli.args import (
 )
 from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, table, write_json
 from minipaged.serving.memory_policy import POLICY_NAMES
+from minipaged.sim.experiments import pct
 from minipaged.sim.memory import PRESETS
 
 # ---- simulate ----------------------------------------------------------------------------------
@@ -40,20 +41,19 @@ examples:
 """
 
 SUMMARY_ROWS = (
-    *((label, lambda r, k=key: f"{100 * r.kv_usage[k]:.1f}%") for label, key in (
+    *((label, lambda r, k=key: pct(r.kv_usage[k])) for label, key in (
         ("token states (of KV memory)", "token"), ("reserved", "reserved"),
         ("internal fragmentation", "internal_fragmentation"),
         ("external fragmentation", "external_fragmentation"), ("free", "free"))),
-    ("token states while queued", lambda r: "-" if r.kv_usage_saturated is None
-     else f"{100 * r.kv_usage_saturated['token']:.1f}%"),
+    ("token states while queued", lambda r: pct(
+        None if r.kv_usage_saturated is None else r.kv_usage_saturated["token"])),
     ("avg batch size (seqs/decode step)", lambda r: f"{r.avg_batch_size:.1f}"),
     ("throughput (tokens/s)", lambda r: f"{r.throughput_tokens_per_s:.0f}"),
     ("throughput (requests/s)", lambda r: f"{r.throughput_requests_per_s:.3f}"),
     ("normalized latency (s/token)", lambda r: f"{r.normalized_latency_s_per_token:.4f}"),
     ("preemptions (swap / recompute)",
      lambda r: f"{r.num_preemptions} ({r.num_swapped_out} / {r.num_recomputed})"),
-    ("memory saved by sharing", lambda r: "-" if r.memory_saving is None
-     else f"{100 * r.memory_saving:.1f}%"),
+    ("memory saved by sharing", lambda r: pct(r.memory_saving)),
     ("finished / rejected", lambda r: f"{r.num_finished} / {r.num_rejected}"),
     ("steps, simulated time", lambda r: f"{r.num_steps}, {r.sim_time_s:.1f} s"),
 )

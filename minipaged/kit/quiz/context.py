@@ -24,6 +24,7 @@ import numpy as np
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import CLAIMS
 from minipaged.sim import experiments, simulator, workloads
+from minipaged.sim.experiments import pct  # the one percentage format (re-exported)
 
 # The canonical run configuration (see the module docstring).
 CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
@@ -33,10 +34,6 @@ PRESSURE_RUN = {"kv_cache_gb": 2.0, "request_rate": 2.0}   # "preemptions in a 2
 
 # The fact-check's verdicts, each with the colour the quiz and the table print it in.
 VERDICTS = {"holds": "green", "off": "red", "unsupported": "yellow"}
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 def nbytes(n: float) -> str:
