@@ -103,11 +103,10 @@ def test_the_demo_model_scene_gives_the_hint(monkeypatch):
 
 
 def test_cupy_messages_give_the_gpu_hint(monkeypatch):
-    from minipaged.cuda import cupy_runner
-    from minipaged.kit.bench import kernel
+    from minipaged.cuda import cupy_runner, gpu_check
 
     monkeypatch.setitem(sys.modules, "cupy", None)          # "CuPy is not installed"
-    assert kernel._gpu_available() == f"CuPy is not installed ({_install.GPU_HINT})"
+    assert gpu_check.gpu_missing() == f"CuPy is not installed ({_install.GPU_HINT})"
     with pytest.raises(RuntimeError) as e:
         cupy_runner.import_cupy()       # what every backend="cupy" launch goes through
     assert f"({_install.GPU_HINT})" in str(e.value)

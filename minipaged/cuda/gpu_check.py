@@ -19,21 +19,24 @@ import sys
 import numpy as np
 
 from minipaged._checks import cdiv
+from minipaged._install import GPU_HINT
 from minipaged.cuda import cupy_runner, kernels, launch
 from minipaged.paged import cache_ops
 from minipaged.paged.paged_attention import paged_attention as oracle
 
 
 def gpu_missing() -> str | None:
-    """None when CuPy sees a CUDA device, else why not."""
+    """None when CuPy sees a CUDA device, else why not (``gpu-check`` and ``bench kernel``)."""
     try:
         import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return None
-        return "CuPy sees no CUDA device"
-    except Exception as e:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
+    except ImportError:
+        return f"CuPy is not installed ({GPU_HINT})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+    except Exception as e:  # noqa: BLE001 - no driver, no device: all mean "no GPU"
+        return f"CuPy cannot reach a CUDA device ({type(e).__name__}: {e})"
+    return None
 
 
 def _device(backend: str):

@@ -35,7 +35,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from minipaged._install import GPU_HINT
+from minipaged.cuda.gpu_check import gpu_missing
 from minipaged.kit.bench import decode_case, median_time
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import paged_attention as oracle
@@ -69,20 +69,6 @@ def _check(console, xp, args) -> bool:
     return ok
 
 
-def _gpu_available() -> str | None:
-    """None when CuPy sees a GPU, else the reason."""
-    try:
-        import cupy
-    except ImportError:
-        return f"CuPy is not installed ({GPU_HINT})"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CuPy sees no CUDA device"
-    except Exception as e:  # noqa: BLE001 - no driver, no device: all mean "no GPU"
-        return f"CuPy cannot reach a CUDA device ({e.__class__.__name__}: {e})"
-    return None
-
-
 def _copy_bandwidth(xp, timer) -> float:
     """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write: 1 GiB
     of float32 on a GPU, 128 MiB in RAM."""
@@ -96,7 +82,7 @@ def run(args) -> int:
 
     console = Console()
     gpu = args.backend == "cupy"
-    if gpu and (reason := _gpu_available()) is not None:
+    if gpu and (reason := gpu_missing()) is not None:
         console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
                       "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
         return 1
