@@ -128,4 +128,11 @@ def test_core_budgets():
     assert not too_long, f"core files over 300 lines: {too_long}"
     # The design budget for the core path is 2,700 lines; it is not met yet (the closing notes
     # report the figure). Until it is, this ratchet keeps the core from growing.
-    assert sum(lines.values()) <= 3180, f"core path is {sum(lines.values())} lines (> 3,180)"
+    assert sum(lines.values()) <= 3140, f"core path is {sum(lines.values())} lines (> 3,140)"
+
+
+def test_no_python_file_in_the_package_is_over_300_lines():
+    # One concept per file: a module that outgrows 300 lines is split by topic.
+    lines = {str(p.relative_to(PKG)): len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
+    too_long = {rel: n for rel, n in lines.items() if n > 300}
+    assert not too_long, f"package files over 300 lines: {too_long}"
