@@ -3,9 +3,8 @@
 What this teaches (lesson 01): scaled dot-product attention as a decoder runs it. Causal with an
 offset: the T new queries are the last T of Tk positions, so query t sees keys ``0 .. Tk - T + t``
 (prefill T == Tk, decode T == 1). Grouped-query attention: query head h reads KV head
-``h // (H // Hkv)``. The online softmax (``tile=n``): tiles of n keys, a running max m and sum l,
-rescaled by ``exp(m_old - m_new)`` when the max grows, as FlashAttention and vLLM's paged kernel
-do. float16 accumulates in float32 and is rounded once at the end; float32/64 in themselves.
+``h // (H // Hkv)``. The online softmax (``tile=n``, ``online_step``): keys in tiles of n with a
+running max and sum, as FlashAttention and vLLM's paged kernel do.
 
 Floating-point sums depend on their order, and NumPy's order on the shapes, so the oracle is three
 small kernels over head-major arrays (``_to_heads``, ``plain_softmax``, ``online_softmax``) that
@@ -23,23 +22,21 @@ from minipaged._checks import check_dtype
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
-    """float16 accumulates in float32; float32 and float64 in themselves."""
+    """float16 accumulates in float32 (rounded once, at the end); float32/64 in themselves."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
 def check_tile(tile: int | None) -> None:
-    if tile is None:
-        return
-    if isinstance(tile, bool) or not isinstance(tile, (int, np.integer)) or tile < 1:
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, (int, np.integer))
+                             or tile < 1):
         raise ValueError(f"tile={tile!r} must be None (plain softmax) or a positive int "
                          "(online softmax over tiles of that many keys)")
 
 
 def check_scale(scale: float | None) -> None:
-    if scale is None:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
-            or not np.isfinite(scale):
+    numbers = (int, float, np.floating, np.integer)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers)
+                              or not np.isfinite(scale)):
         raise ValueError(f"scale={scale!r} must be None (1/sqrt(D)) or a finite number")
 
 
@@ -145,12 +142,11 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float
     """Scaled dot-product attention of q [T, H, D] over contiguous k, v [Tk, Hkv, D]; returns
     [T, H, D] in q.dtype. scale: default 1/sqrt(D). causal: query t sees keys 0 .. Tk - T + t
     (T <= Tk), else every key. tile: None for the plain softmax, n for the online softmax."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    for name, x, dims in (("q", q, "T, H, D"), ("k", k, "Tk, Hkv, D"), ("v", v, "Tk, Hkv, D")):
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
         if x.ndim != 3:
-            raise ValueError(f"{name} must be 3-D ({'[T, H, D]' if name == 'q' else '[Tk, Hkv, D]'}"
-                             f"), got shape {x.shape}")
+            raise ValueError(f"{name} must be 3-D ([{dims}]), got shape {x.shape}")
         check_dtype(name, x.dtype)
     if k.shape != v.shape:
         raise ValueError(f"k.shape={k.shape} != v.shape={v.shape}; expected both [Tk, Hkv, D]")
@@ -175,8 +171,6 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float
     kh = np.ascontiguousarray(k.transpose(1, 0, 2), dtype=acc)           # [Hkv, Tk, D]
     vh = np.ascontiguousarray(v.transpose(1, 0, 2), dtype=acc)
     limits = row_limits(T, Tk, H // Hkv, causal)
-    if tile is None:
-        oh = plain_softmax(qh, kh, vh, limits)
-    else:
-        oh = online_softmax(qh, kh, vh, limits, int(tile))
+    oh = (plain_softmax(qh, kh, vh, limits) if tile is None
+          else online_softmax(qh, kh, vh, limits, int(tile)))
     return _from_heads(oh, T).astype(q.dtype)

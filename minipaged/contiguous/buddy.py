@@ -1,9 +1,9 @@
 """A power-of-two buddy allocator over KV cache slots: where contiguous reservations get placed.
 
 What this teaches: why one contiguous region per request wastes memory even when each region is
-exactly what its request needs. The paper's Orca baselines (section 3, Fig. 2) place reservations
-with a buddy allocator; the free memory it strands between live regions is *external
-fragmentation*. Read next: ``contiguous/cache.py``, which stores K/V in these regions.
+exactly what its request needs. The paper's Orca baselines place reservations with a buddy
+allocator (section 6.1); the free memory it strands between live regions is *external
+fragmentation* (section 3, Fig. 2). Read next: ``contiguous/cache.py``, which stores K/V in them.
 
 Blocks are 2**k slots at offsets that are multiples of 2**k; the block at ``off`` has one
 *buddy* at ``off ^ 2**k``, the other half of the block of order k+1. ``alloc`` halves the
@@ -27,18 +27,16 @@ from minipaged._checks import OutOfBlocksError, check_int
 
 
 class OutOfMemoryError(OutOfBlocksError):
-    """No free region is large enough. ``needed``: slots asked for; ``largest_free``: the
-    largest region one ``alloc`` could get now; ``num_free`` (also ``free``, as in
-    OutOfBlocksError, so one ``except`` serves both caches): all free slots. Nothing changed."""
+    """No free region is large enough: ``needed`` slots asked for, ``largest_free`` the largest
+    region one ``alloc`` could get now, ``num_free`` all free slots (also ``free``, as in
+    OutOfBlocksError, so one ``except`` serves both caches). Nothing changed."""
 
     def __init__(self, needed: int, largest_free: int, num_free: int, what: str = "") -> None:
-        self.needed, self.largest_free, self.num_free = needed, largest_free, num_free
-        self.free = num_free
-        RuntimeError.__init__(self,
-            f"out of KV cache memory{what}: needed {needed} contiguous slots (a free buddy block "
-            f"of {next_pow2(needed)}), but the largest free region is {largest_free} slots "
-            f"({num_free} slots free in all)"
-        )
+        self.needed, self.largest_free = needed, largest_free
+        self.num_free = self.free = num_free
+        RuntimeError.__init__(self, f"out of KV cache memory{what}: needed {needed} contiguous "
+                              f"slots (a free buddy block of {next_pow2(needed)}), but the largest "
+                              f"free region is {largest_free} slots ({num_free} slots free in all)")
 
 
 def next_pow2(n: int) -> int:
@@ -97,11 +95,9 @@ class BuddyAllocator:
         size = check_int("size", size, low=1, high=self.num_slots + 1)
         k = (size - 1).bit_length()
         if k > self.max_order:
-            raise ValueError(
-                f"size={size} can never be allocated: it needs a buddy block of {1 << k} slots, "
-                f"and the largest block in an arena of num_slots={self.num_slots} is "
-                f"{1 << self.max_order}"
-            )
+            raise ValueError(f"size={size} can never be allocated: it needs a buddy block of "
+                             f"{1 << k} slots, and the largest block in an arena of "
+                             f"num_slots={self.num_slots} is {1 << self.max_order}")
         return k
 
     def can_alloc(self, size: int) -> bool:

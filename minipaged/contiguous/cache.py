@@ -16,24 +16,24 @@ token t at slot off + t of ``key_arena`` / ``value_arena`` (each [num_slots, Hkv
 ``kv(seq_id)`` is a plain slice that dense attention reads with no gather: what contiguity buys.
 Read next: ``paged/block_allocator.py`` (stage 3, lesson 03), where the same memory is paged.
 
-Where every slot goes (``usage()``, the categories of ``usage.py``), for a request with n tokens
-written, final length F, a reservation of R slots and H slots held by the allocator:
+``usage()`` puts every slot in a category of ``usage.py``. For a request with n tokens written,
+final length F, a reservation of R slots and H slots held by the allocator:
 
-    token                    n        K/V of tokens that exist now
-    reserved                 F - n    kept for tokens the request will still produce
-    internal_fragmentation   H - F    never used: R - F the policy's over-reservation, H - R the
-                                      allocator's rounding (``breakdown()`` splits the two)
+    token                    n
+    reserved                 F - n
+    internal_fragmentation   H - F: R - F the policy's over-reservation, H - R the allocator's
+                             rounding (``breakdown()`` splits the two)
     external_fragmentation   free slots in buddy blocks smaller than next_pow2(need), the block
                              a region of ``need`` slots must be cut from (default max_seq_len)
     free                     the other free slots
 
 "Free but not allocatable" only means something for a region of a given size, so a scheduler
-passes its next waiting request's ``reservation_size``; when that one does not fit, every free
-slot is external fragmentation, which is how the paper's "external fragmentation & others" bar
-fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused tail back, so
-the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps the power-of-two
-rounding (H = next_pow2(R)). Running totals make every call O(log num_slots), for a simulator;
-``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
+passes its next waiting request's ``reservation_size`` as ``need``; when that one does not fit,
+every free slot is external fragmentation, which is how the paper's "external fragmentation &
+others" bar fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused
+tail back, so the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps
+the power-of-two rounding (H = next_pow2(R)). Running totals make every call O(log num_slots),
+for a simulator; ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
@@ -65,13 +65,7 @@ class Reservation:
 
 
 class ContiguousKVCache:
-    """Per-request contiguous K/V regions in one arena of ``num_slots`` slots.
-
-    reservation_size(prompt_len, final_len)    can_reserve(prompt_len, final_len)
-    reserve(seq_id, prompt_len, final_len) -> offset
-    write(seq_id, key, value)    kv(seq_id) -> (k, v)    advance(seq_id, n)  (store_kv=False)
-    release(seq_id)    usage(need=None) -> KVUsage    breakdown(need=None) -> dict
-    """
+    """Per-request contiguous K/V regions in one arena of ``num_slots`` slots."""
 
     def __init__(self, num_slots: int, num_kv_heads: int, head_size: int, *,
                  policy: str = "max", max_seq_len: int = 2048, dtype: object = np.float32,
@@ -98,22 +92,20 @@ class ContiguousKVCache:
             self.key_arena = np.zeros(shape, self.dtype)
             self.value_arena = np.zeros(shape, self.dtype)
         self._seqs: dict[Hashable, Reservation] = {}
-        # Running sums over live requests: n, F, R, H. usage() reads these instead of looping.
+        # Running sums over live requests of n, F, R and H, so usage() need not loop.
         self._sum_tokens = self._sum_final = self._sum_size = self._sum_held = 0
 
     # ---- policy -------------------------------------------------------------------------------
     def reservation_size(self, prompt_len: int, final_len: int) -> int:
-        """Slots the policy reserves for a request of ``prompt_len`` tokens that will end with
-        ``final_len``. pow2 rounds the output only (paper section 6.1): prompt 100 + output 25
-        -> 100 + 32 = 132. Every policy is capped at max_seq_len."""
+        """Slots the policy reserves, at most max_seq_len. pow2 rounds the output only:
+        prompt 100 + output 25 -> 100 + 32 = 132."""
         final_len = check_int("final_len", final_len, low=1, high=self.max_seq_len + 1)
         prompt_len = check_int("prompt_len", prompt_len, low=1, high=final_len + 1)
         if self.policy == "max":
             return self.max_seq_len
         if self.policy == "pow2":
-            output = final_len - prompt_len
-            rounded = next_pow2(output) if output > 0 else 0
-            return min(prompt_len + rounded, self.max_seq_len)
+            output = final_len - prompt_len  # no output, nothing to round
+            return min(prompt_len + (next_pow2(output) if output > 0 else 0), self.max_seq_len)
         return final_len
 
     def can_reserve(self, prompt_len: int, final_len: int) -> bool:
@@ -121,11 +113,8 @@ class ContiguousKVCache:
         return self.allocator.can_alloc(self.reservation_size(prompt_len, final_len))
 
     def reserve(self, seq_id: Hashable, prompt_len: int, final_len: int) -> int:
-        """Reserve one contiguous region for a new request; return its offset (first slot).
-
-        Raises OutOfMemoryError (needed slots, largest free region) with the cache unchanged
-        when no free region is large enough, ValueError for a live ``seq_id`` or bad lengths.
-        """
+        """Reserve a new request's region; return its offset. OutOfMemoryError (the cache
+        unchanged) when no free region fits; ValueError for a live ``seq_id`` or bad lengths."""
         size = self.reservation_size(prompt_len, final_len)
         if seq_id in self._seqs:
             raise ValueError(f"seq_id={seq_id!r} already holds a reservation; release it first")
@@ -227,15 +216,13 @@ class ContiguousKVCache:
         return self.allocator.largest_free()
 
     def _usable(self, need: int | None) -> int:
-        if need is None:
-            need = self.max_seq_len
-        need = check_int("need", need, low=1, high=self.num_slots + 1)
-        return self.allocator.usable_free(need)  # free slots in blocks >= next_pow2(need)
+        """Free slots in buddy blocks >= next_pow2(need)."""
+        need = self.max_seq_len if need is None else need
+        return self.allocator.usable_free(check_int("need", need, low=1, high=self.num_slots + 1))
 
     def breakdown(self, need: int | None = None) -> dict[str, int]:
-        """Slot counts with internal fragmentation split into the policy's over-reservation
-        (``internal_policy``: R - F) and the allocator's rounding slack (``internal_rounding``:
-        H - R). The six counts add up to num_slots. See the module docstring."""
+        """``usage`` with internal fragmentation split in two: ``internal_policy`` (R - F) and
+        ``internal_rounding`` (H - R). The six counts add up to num_slots."""
         usable = self._usable(need)
         return {
             "token": self._sum_tokens,
@@ -247,10 +234,8 @@ class ContiguousKVCache:
         }
 
     def usage(self, need: int | None = None) -> KVUsage:
-        """The paper's categories now, as slot counts (``.fractions()`` for shares), from running
-        totals. ``need``: the region size that decides which free slots are external
-        fragmentation (default max_seq_len); pass the next waiting request's
-        ``reservation_size(prompt_len, final_len)``."""
+        """The paper's categories now, as slot counts (``.fractions()`` for shares), from the
+        running totals; ``need`` as in the module docstring."""
         b = self.breakdown(need)
         internal = b.pop("internal_policy") + b.pop("internal_rounding")
         return KVUsage(total=self.num_slots, internal_fragmentation=internal, **b)

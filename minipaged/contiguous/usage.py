@@ -52,5 +52,4 @@ class KVUsage:
 
     def __add__(self, other: KVUsage) -> KVUsage:
         # A simulator sums snapshots for a time average in which every snapshot weighs the same.
-        a, b = asdict(self), asdict(other)
-        return KVUsage(**{k: a[k] + b[k] for k in a})
+        return KVUsage(**{f: getattr(self, f) + getattr(other, f) for f in ("total", *CATEGORIES)})
