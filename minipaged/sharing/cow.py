@@ -1,17 +1,16 @@
 """Fork and copy-on-write: sequences of one request sharing physical blocks.
 
 What this teaches (lesson 04; vLLM paper, section 4.4): ``fork`` gives a child every block of its
-parent and raises their reference counts; nothing is copied. Full blocks are never written again;
-when ``append_slot`` finds the partly filled last block shared, the writer first gets its own
-block and a pending copy (src, dst), which the caller applies with ``cache_ops.copy_blocks``
-after ``take_copies()``. The last writer writes in place: k writers of a block held by k tables
-make k - 1 copies. A pending copy is a *user* of its source, so a source freed in the same step
-is not handed out (and overwritten) before the copy reads it; a copy whose destination is freed
-is dropped.
+parent, raising their reference counts: nothing is copied. Full blocks are never written again;
+when ``append_slot`` writes into a shared partly filled last block, the writer first gets its own
+block and a pending copy (src, dst) to apply (``take_copies()``, then ``cache_ops.copy_blocks``);
+the last writer writes in place, so k writers of a block k tables hold make k - 1 copies. A copy
+whose destination is freed is dropped.
 
 Invariants (tests/invariants.py, after every step of tests/test_sharing_stateful.py):
     1. a block's reference count = the table entries pointing at it + the pending copies that
-       read it; so a block in no table stays allocated until its copies are taken;
+       read it: a source freed in the same step stays allocated (not handed out, overwritten)
+       until its copies are taken;
     2. a pending copy's destination is in use (in some table) and is the source of no copy;
     3. a sequence writes only into a block that no other table holds (copy-on-write first);
     4. OutOfBlocksError, or any other error, leaves every table and count as it was.
@@ -44,12 +43,10 @@ class CowBlockManager(BlockManager):
         self._tokens[child] = list(self._tokens[parent_seq_id])
 
     def _before_write(self, table: list[int]) -> None:
-        """Before a token goes into the partly filled last block: a shared one is copied first."""
-        if self._table_users(table[-1]) > 1:
-            self._copy_on_write(table)
-
-    def _copy_on_write(self, table: list[int]) -> None:
+        """Copy-on-write: a shared partly filled last block is swapped for a new one + a copy."""
         shared = table[-1]
+        if self._table_users(shared) == 1:
+            return  # ours alone: written in place
         new = self.allocator.allocate()  # raises before anything changed
         # A shared block that is itself a pending copy: copy from *its* source (the same K/V).
         src = self._copies.get(shared, shared)
@@ -69,8 +66,8 @@ class CowBlockManager(BlockManager):
         return [(src, dst) for dst, src in self._copies.items()]
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The pending (src, dst) pairs, cleared: apply them with ``cache_ops.copy_blocks``
-        before writing the step's K/V and before the next allocation (a source may be free)."""
+        """The pending (src, dst) pairs, cleared: apply them before writing the step's K/V and
+        before the next allocation (a source may be free)."""
         pairs = self.pending_copies
         self._copies.clear()
         self._reads.clear()
@@ -90,8 +87,7 @@ class CowBlockManager(BlockManager):
     # ---- room for a decode step ------------------------------------------------------------
     def blocks_needed_to_append(self, seq_ids: Iterable[SeqId]) -> int:
         """New blocks one ``append_slot`` on each of ``seq_ids`` takes: one per full last block,
-        one per copy-on-write (k writers of a block held by u tables copy k times if k < u,
-        else k - 1)."""
+        one per copy (k writers of a block u tables hold copy k times if k < u, else k - 1)."""
         need, writers = 0, {}
         for s in seq_ids:
             table = self._table(s)

@@ -18,7 +18,6 @@ block filled under a hash already cached is cached too (block_pool.py BlockHashT
 don't de-duplicate"); lookups take the oldest. Fork and copy-on-write work too, as in vLLM v0.
 A block with a hash is never written: after a ``rollback`` cut into one it stays findable (its
 K/V are intact) until the next write evicts it (one user) or copies it (shared).
-Read next: ``serving/swap.py``.
 
 Invariants (tests/invariants.py, in the stateful tests with fork and copy-on-write):
     1. the free queue holds every free block once, unhashed ones first, then hashed ones least
@@ -26,6 +25,8 @@ Invariants (tests/invariants.py, in the stateful tests with fork and copy-on-wri
     2. the table maps each hash to the blocks carrying it, each with its cached token ids;
     3. a live table's full blocks with K/V written (``cache_blocks``) carry the chain hash of
        their position; the ones still to be computed (chunked prefill) carry none.
+
+Read before: ``sharing/sampling.py``. Read next: ``serving/swap.py``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def default_block_hash(parent_hash: Hashable, token_ids: tuple[int, ...]) -> int
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
-    """A ``BlockAllocator`` whose free blocks wait in one eviction-order queue, keeping their
-    hash and K/V until handed out again."""
+    """A ``BlockAllocator`` with the hash table and one eviction-order free queue."""
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
@@ -158,8 +158,8 @@ class PrefixCachingBlockManager(CowBlockManager):
         return h
 
     def _plan(self, tokens: list[int]) -> tuple[list[Hashable], list[int]]:
-        """The chain hash of every full block of ``tokens``, and the longest run of hits from
-        the start (at most (n - 1) // BS). Changes nothing."""
+        """The chain hash of every full block of ``tokens`` and the run of hits from the start;
+        changes nothing."""
         bs = self.block_size
         max_hits = (len(tokens) - 1) // bs  # the last prompt token is always recomputed
         hashes, hits, parent = [], [], ROOT_HASH
@@ -174,8 +174,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         return hashes, hits
 
     def _taken(self, hits: list[int], num_tokens: int) -> tuple[int, int]:
-        """(new blocks, free hits) that allocating with these hits takes: a hit in the free queue
-        counts as free but is ours to take, not spare."""
+        """(new blocks, hits in the free queue: counted as free, but ours to take, not spare)."""
         free_hits = len({b for b in hits if self.allocator.ref_count(b) == 0})
         return cdiv(num_tokens, self.block_size) - len(hits), free_hits
 
@@ -189,10 +188,9 @@ class PrefixCachingBlockManager(CowBlockManager):
 
     def allocate(self, seq_id: SeqId, token_ids: Iterable[int], *, cache: bool = True) -> int:
         """Blocks for a prompt; returns the prompt tokens that already have K/V (the hits, a
-        multiple of BS). All or nothing, also when hash_fn raises. ``cache=False``: the caller
-        computes the prompt chunk by chunk (chunked prefill) and says with ``cache_blocks`` how
-        far it got; until then no other request can hit a block whose K/V are not written
-        (vLLM caches computed blocks only: vllm/v1/core/kv_cache_manager.py allocate_slots)."""
+        multiple of BS). All or nothing, also when hash_fn raises. ``cache=False`` (chunked
+        prefill): no block is findable before ``cache_blocks`` says its K/V are written (vLLM
+        caches computed blocks only: vllm/v1/core/kv_cache_manager.py allocate_slots)."""
         if not self.enable_prefix_caching:
             return super().allocate(seq_id, token_ids)
         seq_id = self._check_new("seq_id", seq_id)
@@ -225,11 +223,11 @@ class PrefixCachingBlockManager(CowBlockManager):
         if fills:
             chunk = tuple(tokens[len(tokens) + 1 - bs:]) + (token_id,)
             h = self._hash_block(hashes[-1] if hashes else ROOT_HASH, chunk)
-        last = table[-1]
-        if len(tokens) % bs and self.allocator.block_hash(last) is not None \
-                and self._table_users(last) == 1:  # a block with a hash is never written:
-            self.allocator.evict(last)             # its only user evicts it first (a sharer
-        slot = super().append_slot(seq_id, token_id)  # copies it); raises with nothing changed
+        # A block with a hash is never written: its only user evicts it first (a sharer copies).
+        if len(tokens) % bs and self._table_users(table[-1]) == 1:
+            if self.allocator.block_hash(table[-1]) is not None:
+                self.allocator.evict(table[-1])
+        slot = super().append_slot(seq_id, token_id)  # raises with nothing changed
         if fills:  # a decode: every earlier token's K/V are written
             hashes.append(h)
             self._computed[seq_id] = len(hashes)

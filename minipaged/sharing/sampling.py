@@ -4,11 +4,10 @@ What this teaches (lesson 04): the two decoding algorithms that vLLM's paper sha
 (section 4.4). Parallel sampling by fork (vLLM v0) allocates the prompt once and forks it; as n
 requests (vLLM v1 fans n > 1 out: vllm/v1/engine/parallel_sampling.py) it allocates the prompt n
 times and the full blocks are prefix-cache hits. Beam search keeps the k best candidates each
-step (``select_beams``, the engine's rule too; these beams never end, the engine's end in <eos>):
-a beam chosen twice is forked, a beam not chosen is freed. Both work with prefix caching on, as
-in vLLM v0. The paper measured 37.6-55.2% fewer blocks for beam widths 2-6 and 6.1-9.8% for
-parallel sampling (Fig. 15); ``blocks_without_sharing`` is the baseline. Every helper checks its
-arguments and the room it needs first: all or nothing.
+step: a beam chosen c times continues and is forked c - 1 times, a beam not chosen is freed.
+Both work with prefix caching on, as in vLLM v0. The paper measured 37.6-55.2% fewer blocks for
+beam widths 2-6 and 6.1-9.8% for parallel sampling (Fig. 15); ``blocks_without_sharing`` is the
+baseline.
 
 Read before: ``sharing/sequence.py``. Read next: ``sharing/prefix_cache.py``.
 """
@@ -122,19 +121,19 @@ class Candidate(NamedTuple):
 
 
 def select_beams(cands: list[Candidate], width: int, eos_id: int | None = None) -> tuple:
-    """Beam search's one selection rule (vLLM v0's), the engine's too: of the best 2 * width
-    candidates by score (ties in the order given), those ending in ``eos_id`` finish and the
-    first ``width`` others survive. Returns (survivors, finished), best first each."""
+    """Beam search's one selection rule, the engine's too: of the best 2 * width candidates by
+    score (ties in the order given), those ending in ``eos_id`` finish and the first ``width``
+    others survive. Returns (survivors, finished), best first each. vLLM v0 samples 2 * width
+    candidates (vllm/model_executor/layers/sampler.py _beam_search_sample) for this."""
     ranked = sorted(cands, key=lambda c: -c.score)[: 2 * width]
     finished = [c for c in ranked if c.token == eos_id]
     return [c for c in ranked if c.token != eos_id][:width], finished
 
 
 class BeamSearch:
-    """Beam search of width k over one prompt. ``step(candidates)`` keeps the k best
-    (``select_beams``, no end token): a beam chosen c times continues and is forked c - 1 times;
-    a beam not chosen is freed *first* (the forks' copy-on-write may need its blocks). Returns
-    each new token's slot, for ``reshape_and_cache`` once ``mgr.take_copies()`` is applied."""
+    """Beam search of width k over one prompt: ``select_beams`` with no end token (the engine's
+    beams end in <eos>). ``step`` returns each new token's slot, for ``reshape_and_cache`` once
+    ``mgr.take_copies()`` is applied."""
 
     def __init__(self, mgr: CowBlockManager, request_id: Hashable, prompt: Iterable[int],
                  width: int) -> None:
@@ -168,7 +167,7 @@ class BeamSearch:
             raise OutOfBlocksError(len(best), self.mgr.num_free_blocks,
                                    f"for {len(best)} beams of {self.group.request_id!r}")
         chosen = {c.parent: [d for d in best if d.parent == c.parent] for c in best}  # best first
-        for s in self.beams:  # dropped beams first: they give blocks back
+        for s in self.beams:  # dropped beams first: the forks' copy-on-write may need blocks
             if s not in chosen:
                 self.mgr.free(s)
         moves: list[tuple[Hashable, Candidate]] = []  # each forked child right after its parent
