@@ -84,8 +84,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._hash[block] = self._block_tokens[block] = None
         self.evictions += 1
 
-    _evict = evict  # its older, private name
-
     def lookup(self, block_hash: Hashable, token_ids: tuple[int, ...]) -> int | None:
         """The earliest cached block with this hash and these token ids, or None."""
         for b in self._cached.get(block_hash, ()):

@@ -102,7 +102,7 @@ def _hook(obj: object, *names: str) -> None:
 def evict_most_recent(mgr, monkeypatch) -> None:
     """Mutant: when a cached block must be evicted, take the most recently freed one."""
     alloc = mgr.allocator
-    _hook(alloc, "_take_free", "_free", "_hash", "_evict")
+    _hook(alloc, "_take_free", "_free", "_hash", "evict")
 
     def take_newest() -> int:
         head = next(iter(alloc._free))
@@ -111,7 +111,7 @@ def evict_most_recent(mgr, monkeypatch) -> None:
             block = [b for b in alloc._free if alloc._hash[b] is not None][-1]
         del alloc._free[block]
         if alloc._hash[block] is not None:
-            alloc._evict(block)
+            alloc.evict(block)
         return block
 
     monkeypatch.setattr(alloc, "_take_free", take_newest)
