@@ -31,6 +31,7 @@ class MemoryPolicy(ABC):
 
     name = "abstract"
     supports_sharing = False
+    total_slots: int  # token slots of KV memory
 
     @abstractmethod
     def refusal(self, width: int, final_len: int) -> str | None:
@@ -58,10 +59,6 @@ class MemoryPolicy(ABC):
 
     @abstractmethod
     def blocks_in_use(self) -> int: ...  # physical blocks (paged) or slots (contiguous)
-
-    @property
-    @abstractmethod
-    def total_slots(self) -> int: ...
 
     def no_sharing(self) -> str:
         return (f"the {self.name} policy cannot share memory between sequences "
@@ -97,6 +94,7 @@ class PagedPolicy(MemoryPolicy):
         self.block_size = manager.block_size
         self.watermark_blocks = int(watermark * manager.num_blocks)
         self.name = f"paged (block {manager.block_size})"
+        self.total_slots = manager.num_blocks * manager.block_size
 
     def refusal(self, width, final_len):
         # The worst case: every sequence at its final length, sharing nothing (a recompute
@@ -182,10 +180,6 @@ class PagedPolicy(MemoryPolicy):
     def blocks_in_use(self) -> int:
         return self.manager.num_blocks - self.manager.num_free_blocks
 
-    @property
-    def total_slots(self) -> int:
-        return self.manager.num_blocks * self.block_size
-
 
 class ContiguousPolicy(MemoryPolicy):
     """Orca: one contiguous region per request, reserved at admission for the final length."""
@@ -198,13 +192,13 @@ class ContiguousPolicy(MemoryPolicy):
                              "scheduler keeps accounting only")
         self.cache = cache
         self.name = f"orca-{cache.policy}"
+        self.total_slots = cache.num_slots
 
     def refusal(self, width, final_len):
-        c = self.cache
         if width > 1:
             return self.no_sharing()
-        if final_len > c.max_seq_len:  # (max_seq_len itself always fits: the cache checked)
-            return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
+        if final_len > self.cache.max_seq_len:  # (max_seq_len itself fits: the cache checked)
+            return f"final length {final_len} exceeds max_seq_len={self.cache.max_seq_len}"
         return None
 
     def admit(self, seq_ids, token_ids, final_len):
@@ -233,10 +227,6 @@ class ContiguousPolicy(MemoryPolicy):
 
     def blocks_in_use(self) -> int:
         return self.cache.num_slots - self.cache.num_free
-
-    @property
-    def total_slots(self) -> int:
-        return self.cache.num_slots
 
 
 POLICY_NAMES = ("paged", "orca-max", "orca-pow2", "orca-oracle")
