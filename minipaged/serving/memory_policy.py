@@ -25,9 +25,7 @@ SeqId = Hashable
 
 
 class MemoryPolicy(ABC):
-    """The scheduler's view of a KV cache. ``final_len``: the tokens with K/V a request has when
-    it finishes. swap_out / swap_in exist where can_swap_out can say True (paged only) and
-    return the block mappings to copy."""
+    """The scheduler's view of a KV cache. ``final_len``: a request's tokens with K/V at its end."""
 
     name = "abstract"
     supports_sharing = False
@@ -74,7 +72,7 @@ class MemoryPolicy(ABC):
         """The sequence's first ``num_tokens`` tokens get K/V this step (a prefill chunk)."""
 
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
-        return False  # so swap_out and the swap-in methods are never called
+        return False  # swap_out, can_swap_in, can_ever_swap_in, swap_in exist where it can be True
 
     def describe(self) -> str:
         """The numbers a stuck scheduler reports."""

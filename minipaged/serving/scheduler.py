@@ -66,8 +66,7 @@ class Scheduler(RequestQueues):
         out = SchedulerOutput()
         budget = self.config.token_budget
         if self.config.chunked_prefill:
-            # Decodes first (1 token each), then unfinished prompt chunks, then swapped groups,
-            # then new prompts, all within one token budget.
+            # One token budget: decodes (1 token each), prompt chunks, swapped groups, new prompts.
             budget -= self._schedule_running(out)
             budget = self._schedule_prefill_chunks(out, budget)
             # A step that had to preempt admits nothing: memory is short, and the victim (its
@@ -77,8 +76,7 @@ class Scheduler(RequestQueues):
                 if not self.swapped:
                     self._schedule_admissions(out, budget)
         else:
-            # vLLM v0's default: a step is either all prefills or all decodes; new prompts win,
-            # unless a group is swapped out (it comes back before anything new is admitted).
+            # vLLM v0's default: a step is either all prefills or all decodes; new prompts first.
             if not self.swapped:
                 self._schedule_admissions(out, budget)
             if not out.prefills:
@@ -165,14 +163,13 @@ class Scheduler(RequestQueues):
         """Admit waiting groups strictly in arrival order while memory and budgets allow."""
         chunked = self.config.chunked_prefill
         num_seqs = self.num_running_seqs
-        # Without chunking, a group larger than the budget may still run alone in its step.
+        # Without chunking a group may exceed the budget alone in its step (a recomputed
+        # multi-sequence group re-prefills each of its sequences); with others, it waits.
         while self.waiting and (budget > 0 or (not chunked and not out.prefills)):
             g = self.waiting[0]
             if num_seqs + max(g.width, len(g.seqs)) > self.config.max_num_seqs:
                 break
             if not chunked and sum(len(s.token_ids) for s in g.seqs) > budget and out.prefills:
-                # Over budget: wait for a step of its own. (Alone it may exceed the budget:
-                # a recomputed multi-sequence group re-prefills each of its sequences.)
                 break
             cached = self.policy.admit(g.seq_ids, [s.token_ids for s in g.seqs], g.final_len)
             if cached is None:

@@ -99,7 +99,8 @@ class KVCacheManager(PrefixCachingBlockManager):
         return mapping
 
     def swap_in(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
-        """The reverse, onto fresh GPU blocks; (cpu_block, gpu_block) pairs (``copy_in``)."""
+        """Bring a swapped group back onto fresh GPU blocks, all or nothing. Returns the
+        (cpu_block, gpu_block) pairs to copy (``CPUBlockPool.copy_in``)."""
         ids = self._group(seq_ids, "swap_in")
         cpu_tables = [self.cpu_block_table(s) for s in ids]
         mapping, tables = _copy_tables(cpu_tables, self.allocator, f"to swap in seq_ids={ids!r}")
