@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
+from contextlib import suppress
 
 from minipaged._checks import OutOfBlocksError, cdiv, check_choice, check_float, check_int
 from minipaged.contiguous.cache import ContiguousKVCache
@@ -113,11 +114,9 @@ class PagedPolicy(MemoryPolicy):
         if not m.enable_prefix_caching and m.num_free_blocks - need < self.watermark_blocks:
             return None
         cached: list[int] = []
-        try:
+        with suppress(OutOfBlocksError):
             for sid, toks in zip(seq_ids, token_ids):
                 cached.append(m.allocate(sid, toks, cache=False))  # cached as computed
-        except OutOfBlocksError:
-            pass
         if len(cached) == len(seq_ids) and m.num_free_blocks >= self.watermark_blocks:
             return cached
         for sid in seq_ids[:len(cached)]:  # all or nothing (and the watermark kept free)
@@ -240,9 +239,8 @@ def make_policy(name: str, *, num_slots: int, block_size: int = 16, max_seq_len:
     if name == "paged":
         if num_slots < block_size:
             raise ValueError(f"num_slots={num_slots} holds no block of block_size={block_size}")
-        m = KVCacheManager(num_slots // block_size, block_size,
-                           enable_prefix_caching=enable_prefix_caching,
-                           num_cpu_blocks=num_cpu_blocks)
+        m = KVCacheManager(num_slots // block_size, block_size, num_cpu_blocks=num_cpu_blocks,
+                           enable_prefix_caching=enable_prefix_caching)
         return PagedPolicy(m, watermark=watermark)
     cache = ContiguousKVCache(num_slots, 1, 1, policy=name.split("-")[1],
                               max_seq_len=max_seq_len, store_kv=False)

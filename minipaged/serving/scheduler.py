@@ -185,8 +185,9 @@ class Scheduler(RequestQueues):
                     budget -= self._add_chunk(out, s, end)
 
     def _preempt(self, g: SequenceGroup, out: SchedulerOutput) -> None:
-        """Evict a whole group. Swap when asked to (and always for a multi-sequence group, whose
-        sharing a recompute would lose, as vLLM v0 does) if the policy can; else recompute."""
+        """Evict a whole group. Swap when asked to, or always for a multi-sequence group (its
+        sharing a recompute would lose; vLLM v0's ``_preempt``, ``vllm/core/scheduler.py``), if
+        the policy can; else recompute."""
         self.num_preemptions += 1
         g.num_preemptions += 1
         ids = g.seq_ids
