@@ -97,8 +97,7 @@ class RequestQueues:
         self.finished: list[SequenceGroup] = []
         self.rejected: list[SequenceGroup] = []
         self.rejections: dict[int, str] = {}  # group order -> why it was refused
-        self._next_seq_id = 0
-        self._next_order = 0
+        self._next_seq_id = self._next_order = 0  # the next Sequence id and group order
 
     def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
                     arrival_s: float = 0.0, n: int = 1, beam_width: int = 1) -> SequenceGroup:

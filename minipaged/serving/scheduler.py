@@ -58,9 +58,7 @@ class Scheduler(RequestQueues):
 
     def __init__(self, policy: MemoryPolicy, config: SchedulerConfig | None = None) -> None:
         super().__init__(policy, config)
-        self.num_preemptions = 0
-        self.num_swapped_out = 0
-        self.num_recomputed = 0
+        self.num_preemptions = self.num_swapped_out = self.num_recomputed = 0
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
