@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
+from contextlib import suppress
 
 from minipaged._checks import OutOfBlocksError, cdiv, check_choice, check_float, check_int
 from minipaged.contiguous.cache import ContiguousKVCache
@@ -25,12 +26,11 @@ SeqId = Hashable
 
 
 class MemoryPolicy(ABC):
-    """The scheduler's view of a KV cache. ``final_len``: the tokens with K/V a request has when
-    it finishes. swap_out / swap_in exist where can_swap_out can say True (paged only) and
-    return the block mappings to copy."""
+    """The scheduler's view of a KV cache. ``final_len``: a request's tokens with K/V at its end."""
 
     name = "abstract"
     supports_sharing = False
+    total_slots: int  # token slots of KV memory
 
     @abstractmethod
     def refusal(self, width: int, final_len: int) -> str | None:
@@ -59,10 +59,6 @@ class MemoryPolicy(ABC):
     @abstractmethod
     def blocks_in_use(self) -> int: ...  # physical blocks (paged) or slots (contiguous)
 
-    @property
-    @abstractmethod
-    def total_slots(self) -> int: ...
-
     def no_sharing(self) -> str:
         return (f"the {self.name} policy cannot share memory between sequences "
                 "(parallel sampling and beam search need --policy paged)")
@@ -77,7 +73,7 @@ class MemoryPolicy(ABC):
         """The sequence's first ``num_tokens`` tokens get K/V this step (a prefill chunk)."""
 
     def can_swap_out(self, seq_ids: list[SeqId]) -> bool:
-        return False  # so swap_out and the swap-in methods are never called
+        return False  # swap_out, can_swap_in, can_ever_swap_in, swap_in exist where it can be True
 
     def describe(self) -> str:
         """The numbers a stuck scheduler reports."""
@@ -97,6 +93,7 @@ class PagedPolicy(MemoryPolicy):
         self.block_size = manager.block_size
         self.watermark_blocks = int(watermark * manager.num_blocks)
         self.name = f"paged (block {manager.block_size})"
+        self.total_slots = manager.num_blocks * manager.block_size
 
     def refusal(self, width, final_len):
         # The worst case: every sequence at its final length, sharing nothing (a recompute
@@ -117,11 +114,9 @@ class PagedPolicy(MemoryPolicy):
         if not m.enable_prefix_caching and m.num_free_blocks - need < self.watermark_blocks:
             return None
         cached: list[int] = []
-        try:
+        with suppress(OutOfBlocksError):
             for sid, toks in zip(seq_ids, token_ids):
                 cached.append(m.allocate(sid, toks, cache=False))  # cached as computed
-        except OutOfBlocksError:
-            pass
         if len(cached) == len(seq_ids) and m.num_free_blocks >= self.watermark_blocks:
             return cached
         for sid in seq_ids[:len(cached)]:  # all or nothing (and the watermark kept free)
@@ -182,10 +177,6 @@ class PagedPolicy(MemoryPolicy):
     def blocks_in_use(self) -> int:
         return self.manager.num_blocks - self.manager.num_free_blocks
 
-    @property
-    def total_slots(self) -> int:
-        return self.manager.num_blocks * self.block_size
-
 
 class ContiguousPolicy(MemoryPolicy):
     """Orca: one contiguous region per request, reserved at admission for the final length."""
@@ -198,13 +189,13 @@ class ContiguousPolicy(MemoryPolicy):
                              "scheduler keeps accounting only")
         self.cache = cache
         self.name = f"orca-{cache.policy}"
+        self.total_slots = cache.num_slots
 
     def refusal(self, width, final_len):
-        c = self.cache
         if width > 1:
             return self.no_sharing()
-        if final_len > c.max_seq_len:  # (max_seq_len itself always fits: the cache checked)
-            return f"final length {final_len} exceeds max_seq_len={c.max_seq_len}"
+        if final_len > self.cache.max_seq_len:  # (max_seq_len itself fits: the cache checked)
+            return f"final length {final_len} exceeds max_seq_len={self.cache.max_seq_len}"
         return None
 
     def admit(self, seq_ids, token_ids, final_len):
@@ -234,10 +225,6 @@ class ContiguousPolicy(MemoryPolicy):
     def blocks_in_use(self) -> int:
         return self.cache.num_slots - self.cache.num_free
 
-    @property
-    def total_slots(self) -> int:
-        return self.cache.num_slots
-
 
 POLICY_NAMES = ("paged", "orca-max", "orca-pow2", "orca-oracle")
 
@@ -252,9 +239,8 @@ def make_policy(name: str, *, num_slots: int, block_size: int = 16, max_seq_len:
     if name == "paged":
         if num_slots < block_size:
             raise ValueError(f"num_slots={num_slots} holds no block of block_size={block_size}")
-        m = KVCacheManager(num_slots // block_size, block_size,
-                           enable_prefix_caching=enable_prefix_caching,
-                           num_cpu_blocks=num_cpu_blocks)
+        m = KVCacheManager(num_slots // block_size, block_size, num_cpu_blocks=num_cpu_blocks,
+                           enable_prefix_caching=enable_prefix_caching)
         return PagedPolicy(m, watermark=watermark)
     cache = ContiguousKVCache(num_slots, 1, 1, policy=name.split("-")[1],
                               max_seq_len=max_seq_len, store_kv=False)

@@ -97,13 +97,12 @@ class RequestQueues:
         self.finished: list[SequenceGroup] = []
         self.rejected: list[SequenceGroup] = []
         self.rejections: dict[int, str] = {}  # group order -> why it was refused
-        self._next_seq_id = 0
-        self._next_order = 0
+        self._next_seq_id = self._next_order = 0  # the next Sequence id and group order
 
     def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
                     arrival_s: float = 0.0, n: int = 1, beam_width: int = 1) -> SequenceGroup:
-        """Queue one request (a bad argument queues nothing). One that could never run to its
-        end, even alone in an empty cache (``refusal``), comes back ``rejected``."""
+        """Queue one request (a bad argument queues nothing); one that ``refusal`` refuses is
+        returned ``rejected``, with the reason in ``rejections``."""
         cfg, where = self.config, f"request {request_id!r}"
         try:
             prompt = check_token_ids("prompt_token_ids", prompt_token_ids)
@@ -121,9 +120,8 @@ class RequestQueues:
         if (n > 1 or beam_width > 1) and not self.policy.supports_sharing:
             raise ValueError(f"{where}: {self.policy.no_sharing()}")
         if self.waiting and arrival_s < self.waiting[-1].arrival_s:
-            raise ValueError(f"{where}: arrival_s={arrival_s} is before the last waiting "
-                             f"request's {self.waiting[-1].arrival_s}: add requests in "
-                             "arrival order")
+            raise ValueError(f"{where}: arrival_s={arrival_s} is before the last waiting request's"
+                             f" {self.waiting[-1].arrival_s}: add requests in arrival order")
         g = SequenceGroup(request_id, self._next_order, arrival_s, len(prompt), output_len,
                           n, beam_width)
         self._next_order += 1
@@ -138,8 +136,7 @@ class RequestQueues:
         return g
 
     def refusal(self, width: int, final_len: int) -> str | None:
-        """Why ``width`` sequences of ``final_len`` tokens with K/V could never run to their
-        end, even alone in an empty cache (the policy's reason, or ``max_num_seqs``); or None."""
+        """``MemoryPolicy.refusal``, or a group wider than ``max_num_seqs``; None if it can run."""
         reason = self.policy.refusal(width, final_len)
         if reason is None and width > self.config.max_num_seqs:
             reason = f"runs {width} sequences at once but max_num_seqs={self.config.max_num_seqs}"
@@ -178,8 +175,7 @@ class RequestQueues:
                 self.policy.free(s.seq_id)
                 s.group.seqs.remove(s)
                 if not s.group.seqs:
-                    raise ValueError(f"request {s.group.request_id!r}: every sequence was "
-                                     "dropped")
+                    raise ValueError(f"request {s.group.request_id!r}: every sequence was dropped")
                 continue
             else:  # parallel sampling / beam search: the children share the parent's blocks
                 for t in toks[1:]:

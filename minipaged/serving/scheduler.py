@@ -1,11 +1,11 @@
 """Iteration-level scheduling with preemption: who runs this step, and who gives up memory.
 
-What this teaches (lesson 06; vLLM paper, section 4.5). Every step it admits waiting requests
-first-come-first-served while memory allows; gives every running sequence a slot for one more
-token; and when one cannot get it, preempts the newest group, all or nothing, by swapping or
-(the default, as in recent vLLM) recomputing; swapped groups come back before new admissions.
-Chunked prefill (Sarathi, arXiv 2308.16369; vLLM's ``enable_chunked_prefill``) caps a step's
-tokens and splits long prompts over steps, decodes first.
+What this teaches (lesson 06; vLLM paper, section 4.5). Every step admits waiting requests
+first-come-first-served while memory allows and gives every running sequence a slot for one more
+token; when one cannot get it, the newest group is preempted, all or nothing, by swapping or (the
+default, as in recent vLLM) recomputing. Swapped groups come back before new admissions. Chunked
+prefill (Sarathi, arXiv 2308.16369; vLLM's ``enable_chunked_prefill``) caps a step's tokens and
+splits long prompts over steps, decodes first.
 
 Progress is a property: a request that could not finish even alone is refused up front
 (``queues.py``; vLLM v0 checks the prompt only: ``vllm/core/scheduler.py``), so the oldest
@@ -44,7 +44,9 @@ from minipaged.sharing.sequence import (  # noqa: F401
     SequenceGroup,
 )
 
-BY_ARRIVAL = attrgetter("order")  # every queue is kept in arrival order
+# Every queue is kept in arrival order, with bisect.insort: a group that comes back (swapped in,
+# or re-admitted after a recompute) is not always the newest.
+BY_ARRIVAL = attrgetter("order")
 
 
 class NoProgressError(RuntimeError):
@@ -52,21 +54,17 @@ class NoProgressError(RuntimeError):
 
 
 class Scheduler(RequestQueues):
-    """FCFS continuous batching over a memory policy. See the module docstring."""
+    """FCFS continuous batching over a memory policy."""
 
     def __init__(self, policy: MemoryPolicy, config: SchedulerConfig | None = None) -> None:
         super().__init__(policy, config)
-        self.num_preemptions = 0
-        self.num_swapped_out = 0
-        self.num_recomputed = 0
+        self.num_preemptions = self.num_swapped_out = self.num_recomputed = 0
 
-    # ---- schedule --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.token_budget
         if self.config.chunked_prefill:
-            # Decodes first (1 token each), then unfinished prompt chunks, then swapped groups,
-            # then new prompts, all within one token budget.
+            # One token budget: decodes (1 token each), prompt chunks, swapped groups, new prompts.
             budget -= self._schedule_running(out)
             budget = self._schedule_prefill_chunks(out, budget)
             # A step that had to preempt admits nothing: memory is short, and the victim (its
@@ -76,8 +74,7 @@ class Scheduler(RequestQueues):
                 if not self.swapped:
                     self._schedule_admissions(out, budget)
         else:
-            # vLLM v0's default: a step is either all prefills or all decodes; new prompts win,
-            # unless a group is swapped out (it comes back before anything new is admitted).
+            # vLLM v0's default: a step is either all prefills or all decodes; new prompts first.
             if not self.swapped:
                 self._schedule_admissions(out, budget)
             if not out.prefills:
@@ -92,8 +89,7 @@ class Scheduler(RequestQueues):
         return out
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
-        """One slot per decoding sequence, oldest group first; preempt the newest when full.
-        Returns the number of decodes."""
+        """One slot per decoding sequence; returns the number of decodes."""
         ready = [s for g in self.running for s in g.seqs if not s.prefilling]
         if not self.policy.can_append([s.seq_id for s in ready]):
             return self._decode_by_group(out)
@@ -131,11 +127,15 @@ class Scheduler(RequestQueues):
             for s in g.seqs:
                 if s.prefilling and budget > 0:
                     end = min(len(s.token_ids), s.num_computed + budget)
-                    out.prefills.append(PrefillChunk(s, s.num_computed, end))
-                    self.policy.computed(s.seq_id, end)
-                    out.num_prefill_tokens += end - s.num_computed
-                    budget -= end - s.num_computed
+                    budget -= self._add_chunk(out, s, end)
         return budget
+
+    def _add_chunk(self, out: SchedulerOutput, s: Sequence, end: int) -> int:
+        """Plan the K/V of ``s.token_ids[s.num_computed:end]``; returns its number of tokens."""
+        out.prefills.append(PrefillChunk(s, s.num_computed, end))
+        self.policy.computed(s.seq_id, end)
+        out.num_prefill_tokens += end - s.num_computed
+        return end - s.num_computed
 
     def _schedule_swapped(self, out: SchedulerOutput) -> int:
         """Bring swapped groups back, oldest first, while they fit with a slot each to grow.
@@ -143,14 +143,13 @@ class Scheduler(RequestQueues):
         n = 0
         while self.swapped:
             g = self.swapped[0]
-            ids = [s.seq_id for s in g.seqs]
+            ids = g.seq_ids
             if (self.num_running_seqs + len(ids) > self.config.max_num_seqs
                     or not self.policy.can_swap_in(ids)):
                 break
             out.blocks_to_swap_in += self.policy.swap_in(ids)
             self.swapped.pop(0)
             g.status = RUNNING
-            # Not always newest: a recomputed older group may have been re-admitted meanwhile.
             bisect.insort(self.running, g, key=BY_ARRIVAL)
             for s in g.seqs:
                 self.policy.append_slot(s.seq_id, s.token_ids[-1])
@@ -162,39 +161,34 @@ class Scheduler(RequestQueues):
         """Admit waiting groups strictly in arrival order while memory and budgets allow."""
         chunked = self.config.chunked_prefill
         num_seqs = self.num_running_seqs
-        # Without chunking, a group larger than the budget may still run alone in its step.
+        # Without chunking a group may exceed the budget alone in its step (a recomputed
+        # multi-sequence group re-prefills each of its sequences); with others, it waits.
         while self.waiting and (budget > 0 or (not chunked and not out.prefills)):
             g = self.waiting[0]
-            lens = [len(s.token_ids) for s in g.seqs]
             if num_seqs + max(g.width, len(g.seqs)) > self.config.max_num_seqs:
                 break
-            if not chunked and sum(lens) > budget and out.prefills:
-                # Over budget: wait for a step of its own. (Alone it may exceed the budget:
-                # a recomputed multi-sequence group re-prefills each of its sequences.)
+            if not chunked and sum(len(s.token_ids) for s in g.seqs) > budget and out.prefills:
                 break
-            cached = self.policy.admit([s.seq_id for s in g.seqs],
-                                       [s.token_ids for s in g.seqs], g.final_len)
+            cached = self.policy.admit(g.seq_ids, [s.token_ids for s in g.seqs], g.final_len)
             if cached is None:
                 break
             self.waiting.popleft()
             g.status = RUNNING
-            bisect.insort(self.running, g, key=BY_ARRIVAL)  # after a recompute: not the newest
+            bisect.insort(self.running, g, key=BY_ARRIVAL)
             num_seqs += max(g.width, len(g.seqs))
             for s, c in zip(g.seqs, cached):
                 s.num_computed, s.prefilling = c, True
                 end = min(len(s.token_ids), c + budget) if chunked else len(s.token_ids)
                 if end > c:
-                    out.prefills.append(PrefillChunk(s, c, end))
-                    self.policy.computed(s.seq_id, end)
-                    out.num_prefill_tokens += end - c
-                    budget -= end - c
+                    budget -= self._add_chunk(out, s, end)
 
     def _preempt(self, g: SequenceGroup, out: SchedulerOutput) -> None:
-        """Evict a whole group. Swap when asked to (and always for a multi-sequence group, whose
-        sharing a recompute would lose, as vLLM v0 does) if the policy can; else recompute."""
+        """Evict a whole group. Swap when asked to, or always for a multi-sequence group (its
+        sharing a recompute would lose; vLLM v0's ``_preempt``, ``vllm/core/scheduler.py``), if
+        the policy can; else recompute."""
         self.num_preemptions += 1
         g.num_preemptions += 1
-        ids = [s.seq_id for s in g.seqs]
+        ids = g.seq_ids
         want_swap = self.config.preemption_mode == "swap" or len(ids) > 1
         if want_swap and not any(s.prefilling for s in g.seqs) and self.policy.can_swap_out(ids):
             mapping = self.policy.swap_out(ids)

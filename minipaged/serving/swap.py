@@ -1,13 +1,12 @@
 """Preemption: swap a sequence group's blocks to a CPU block pool, or drop them to recompute.
 
 What this teaches (lesson 06; vLLM paper, section 4.5): out of GPU blocks mid-generation, vLLM
-preempts whole groups and later recovers them by **swap** (copy the blocks to a CPU pool, free
-them, copy them back into fresh GPU blocks: PCIe copies, many small ones when blocks are small,
+preempts whole groups and recovers them by **swap** (copy the blocks to a CPU pool and free them;
+later copy them back into fresh GPU blocks: PCIe copies, many small ones when blocks are small,
 Fig. 19) or **recompute** (free them, keep the tokens, re-run them as one prefill: the only way
-vLLM v1 preempts). ``KVCacheManager`` (``minipaged.KVCacheManager``) keeps the block ids, with a
-plain ``BlockAllocator`` for the CPU blocks; ``CPUBlockPool`` holds the host arrays and copies
-with ``cache_ops.swap_blocks``. A step moves data in this order: swap-outs, swap-ins, copies,
-the step's K/V (a swap-out reads its blocks before a swap-in may reuse them).
+vLLM v1 preempts, ``vllm/v1/core/sched/scheduler.py``). ``KVCacheManager`` keeps the block ids,
+a plain ``BlockAllocator`` the CPU ones, ``CPUBlockPool`` the host arrays. Swap-outs are copied
+before swap-ins, which may reuse the blocks they read.
 
 Invariants (tests/invariants.py): a sequence is on the GPU or swapped, never both; CPU reference
 counts equal the CPU table entries; a swap moves a group all or nothing. With prefix caching a
@@ -81,8 +80,8 @@ class KVCacheManager(PrefixCachingBlockManager):
         return len(blocks) <= self.num_free_blocks
 
     def swap_out(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
-        """Move a group's blocks to the CPU pool. Returns the (gpu_block, cpu_block) pairs the
-        caller copies (``CPUBlockPool.copy_out``); a block shared inside the group moves once."""
+        """Move a group's blocks to the CPU pool, all or nothing. Returns the (gpu_block,
+        cpu_block) pairs to copy (``CPUBlockPool.copy_out``)."""
         ids = self._group(seq_ids, "swap_out")
         tables = [self._table(s) for s in ids]
         if self.cpu_allocator is None:
@@ -132,8 +131,8 @@ class KVCacheManager(PrefixCachingBlockManager):
 
 def _copy_tables(tables: list[list[int]], allocator: BlockAllocator,
                  what: str) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """One new block from ``allocator`` per distinct block of a group's tables (a block shared
-    inside the group moves once): the (old, new) pairs and the tables rewritten. All or nothing."""
+    """One new block from ``allocator`` per distinct block of the tables (a block shared inside
+    the group moves once), all or nothing: the (old, new) pairs and the tables rewritten."""
     old = list(dict.fromkeys(b for table in tables for b in table))  # distinct, in order
     if len(old) > allocator.num_free_blocks:
         raise OutOfBlocksError(len(old), allocator.num_free_blocks, what)
