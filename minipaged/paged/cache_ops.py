@@ -67,9 +67,8 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                          f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
     uniq, counts = np.unique(live, return_counts=True)
     for dup in uniq[counts > 1][:1]:
-        where = np.flatnonzero(slots == dup).tolist()
-        raise ValueError(f"slot_mapping writes slot {dup} twice (tokens {where}); "
-                         "each token needs its own slot")
+        raise ValueError(f"slot_mapping writes slot {dup} twice (tokens "
+                         f"{np.flatnonzero(slots == dup).tolist()}); each token needs its own slot")
     blocks, offsets = live // bs, live % bs
     # Advanced indices split by a slice put the token axis first: [T', Hkv, D] on both sides.
     key_cache[blocks, :, offsets, :] = key[valid]
@@ -104,8 +103,7 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
     dst, counts = np.unique(m[:, 1], return_counts=True)
     for b in dst[counts > 1][:1]:
         raise ValueError(f"{name} copies into block {b} more than once")
-    both = np.intersect1d(m[:, 0], m[:, 1]) if same_pool else []
-    for b in both[:1]:
+    for b in (np.intersect1d(m[:, 0], m[:, 1]) if same_pool else [])[:1]:
         raise ValueError(f"{name} overlaps: block {b} is both a source and a "
                          "destination, so the result would depend on the copy order")
     return m
