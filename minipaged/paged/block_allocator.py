@@ -1,15 +1,15 @@
 """Physical blocks, a free list and a reference count per block.
 
 What this teaches: the bottom layer of a paged KV cache (lesson 03). It knows no tokens or
-sequences: it hands out block ids, takes them back and counts each block's users, the count that
-sharing needs later (``sharing/cow.py``). Paper: vLLM sections 4.2 (the free block pool) and 4.4
-(reference counts). Read next: ``paged/block_manager.py``.
+sequences: it hands out block ids, takes them back and counts each block's users, for sharing
+later (``sharing/cow.py``). Paper: vLLM sections 4.2 (the free block pool) and 4.4 (reference
+counts). Read next: ``paged/block_manager.py``.
 
 Invariants (tests/invariants.py, after every step of tests/test_block_allocator.py): a block is
 free (count 0, in the free list once) or in use (count >= 1, not in the list), so free + in use
-== ``num_blocks``; a call that raises has changed nothing. No count is capped: the claim that
-vLLM caps sharing at 16 is wrong (v0's RefCounter only asserts counts >= 0; 16 is the default
-*block size*).
+== ``num_blocks``; a call that raises has changed nothing. No count is capped: vLLM does not cap
+sharing at 16 either (v0's RefCounter, vllm/core/block/common.py, only asserts counts >= 0; 16
+is the default *block size*).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ __all__ = ["BlockAllocator", "OutOfBlocksError", "check_int"]
 
 
 class BlockAllocator:
-    """A free list of block ids used as a stack, plus one reference count per block. Any block
-    serves any sequence (the point of paging), so the simplest order wins; the list starts
-    reversed so that a fresh allocator hands out 0, 1, 2, ..., which keeps lessons readable."""
+    """A free list used as a stack, plus one reference count per block. Any block serves any
+    sequence (the point of paging), so the simplest order wins; the list starts reversed so that
+    a fresh allocator hands out 0, 1, 2, ..., which keeps lessons readable."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = check_int("num_blocks", num_blocks, low=1)
@@ -46,14 +46,13 @@ class BlockAllocator:
         return check_int("block", block, low=0, high=self.num_blocks)
 
     def _check_blocks(self, blocks: Iterable[object]) -> list[int]:
-        """The ids as a list of ints in [0, NB); an error names the first bad one."""
+        # The ids as a list of ints in [0, NB); an error names the first bad one.
         ids = list(blocks)
         if all(type(b) is int and 0 <= b < self.num_blocks for b in ids):
             return ids
         return [check_int(f"blocks[{i}]", b, low=0, high=self.num_blocks)
                 for i, b in enumerate(ids)]
 
-    # ---- mutations -------------------------------------------------------------------------
     def allocate(self) -> int:
         """A free block with reference count 1. OutOfBlocksError (nothing changed) if none."""
         if self.num_free_blocks == 0:
@@ -63,7 +62,7 @@ class BlockAllocator:
         return block
 
     def allocate_many(self, n: int) -> list[int]:
-        """``n`` blocks, all or nothing: either all ``n`` come back or none is taken."""
+        """``n`` blocks, all or nothing."""
         n = check_int("n", n, low=0)
         if n > self.num_free_blocks:
             raise OutOfBlocksError(n, self.num_free_blocks)
@@ -74,8 +73,8 @@ class BlockAllocator:
         self.incref_many([self._check_block(block)])
 
     def incref_many(self, blocks: Iterable[int]) -> None:
-        """One more user of each block, all checked first. Sharing a free block is refused: the
-        free list could hand it to someone else at the same time."""
+        """One more user of each, all checked first. A free block is refused: the free list
+        could hand it to someone else at the same time."""
         ids = self._check_blocks(blocks)
         for b in ids:
             if self._ref[b] == 0:
@@ -88,8 +87,8 @@ class BlockAllocator:
         self.free_many([self._check_block(block)])
 
     def free_many(self, blocks: Iterable[int]) -> None:
-        """One user fewer for each block, in order. All are checked first, repeats counted: a
-        double free would put a block in the free list twice, for two sequences at once."""
+        """One user fewer for each, in order, all checked first with repeats counted: a double
+        free would put a block in the free list twice, for two sequences at once."""
         ids = self._check_blocks(blocks)
         left: dict[int, int] = {}  # block -> its count after the frees so far (a dry run)
         for b in ids:
@@ -99,18 +98,16 @@ class BlockAllocator:
                                  f"count {self._ref[b]} (double free)")
         self.release_blocks(ids)
 
-    # ---- the same, unchecked, for a block manager's own blocks ------------------------------
-    # A manager passes only ids of blocks it holds (its tables' invariant 2), so it skips the
-    # checks above: they were a fifth of ``simulate --beam-width 4``, where every step forks,
-    # copies and frees. The stateful tests check the invariants after every step instead.
+    # The same, unchecked, for a block manager's own blocks: it passes only ids it holds (its
+    # tables' invariant 2), so it skips the checks above. They were a fifth of ``simulate
+    # --beam-width 4``, where every step forks, copies and frees; the stateful tests check the
+    # invariants after every step instead.
     def share_blocks(self, blocks: Iterable[int]) -> None:
-        """One more user of each block (all in use), unchecked."""
         for b in blocks:
             self._ref[b] += 1
 
     def release_blocks(self, blocks: Iterable[int]) -> None:
-        """One user fewer for each block (each held that often), unchecked; blocks left unused
-        go back to the free list, in order."""
+        # Blocks left unused go back to the free list, in order.
         released = []
         for b in blocks:
             self._ref[b] -= 1

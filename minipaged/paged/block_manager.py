@@ -6,7 +6,6 @@ token's K/V go to slot ``block_table[p // BS] * BS + p % BS`` (the *slot mapping
 ``cache_ops.reshape_and_cache`` uses). A block is taken only when the last one is full, so a
 sequence never holds more than BS - 1 unused slots. Nothing is shared yet: ``sharing/cow.py``,
 ``sharing/prefix_cache.py`` and ``serving/swap.py`` (``minipaged.KVCacheManager``) subclass it.
-``rollback(seq_id, n)`` undoes n appends (rejected speculative tokens).
 
 Invariants (tests/invariants.py asserts them after every step of the stateful tests):
     1. a live sequence of L tokens has exactly ceil(L / BS) entries in its block table;
@@ -32,7 +31,7 @@ SeqId = Hashable
 
 class BlockManager:
     """Which physical blocks hold which sequence's tokens. Block ids only: the caller owns the
-    K/V arrays, as vLLM's workers own the cache tensors its block manager describes."""
+    K/V arrays, as vLLM's workers own the cache tensors (vllm/worker/cache_engine.py in v0)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = check_int("block_size", block_size, low=1)
@@ -76,11 +75,10 @@ class BlockManager:
 
     def slot_mapping(self, seq_id: SeqId, start: int, end: int) -> np.ndarray:
         """int64 [end - start]: the cache slot of each token position in [start, end)."""
-        table, n = self._table(seq_id), self.seq_len(seq_id)
+        table, n, bs = self._table(seq_id), self.seq_len(seq_id), self.block_size
         start = check_int("start", start, low=0, high=n + 1)
         end = check_int("end", end, low=start, high=n + 1)
         pos = np.arange(start, end, dtype=np.int64)
-        bs = self.block_size
         return np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
 
     def can_allocate(self, num_tokens: int) -> bool:
@@ -102,14 +100,12 @@ class BlockManager:
         return KeyError(f"seq_id={seq_id!r} is not allocated")
 
     def _token_list(self, seq_id: SeqId) -> list[int]:
-        check_seq_id("seq_id", seq_id)
-        if seq_id not in self._tokens:
+        if check_seq_id("seq_id", seq_id) not in self._tokens:
             raise KeyError(f"seq_id={seq_id!r} is not allocated")
         return self._tokens[seq_id]
 
     def _check_new(self, name: str, seq_id: SeqId) -> SeqId:
-        check_seq_id(name, seq_id)
-        if seq_id in self._tokens:
+        if check_seq_id(name, seq_id) in self._tokens:
             raise ValueError(f"{name}={seq_id!r} is already allocated")
         return seq_id
 
@@ -128,8 +124,7 @@ class BlockManager:
         return 0
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> int:
-        """The cache slot for one new token at position ``seq_len``; a new block only when the
-        last one is full. On any error nothing has changed."""
+        """The cache slot of a new token at ``seq_len``; a new block only if the last is full."""
         table = self._table(seq_id)
         token_id = check_int("token_id", token_id, low=0)
         tokens = self._tokens[seq_id]
@@ -145,15 +140,13 @@ class BlockManager:
         """A token goes into the partly filled last block: ``sharing/cow.py`` copies if shared."""
 
     def rollback(self, seq_id: SeqId, n: int) -> None:
-        """Give back the slots of the last ``n`` tokens, 0 <= n < seq_len (rejected speculative
-        tokens; a bad ``n`` changes nothing). Blocks left empty lose this user; the next
-        ``append_slot`` overwrites the last block's rolled-back slots (copy-on-write first if
-        it is shared). Call it once the step's K/V are written, like ``free``. vLLM v1 keeps
-        the blocks and moves ``num_computed_tokens`` back instead
+        """Undo the last ``n`` appends, 0 <= n < seq_len (rejected speculative tokens), once the
+        step's K/V are written, like ``free``. Blocks left empty lose this user; the next
+        ``append_slot`` overwrites the rolled-back slots (after copy-on-write if shared). vLLM
+        v1 keeps the blocks and moves ``num_computed_tokens`` back instead
         (vllm/v1/core/sched/scheduler.py update_from_output)."""
         table, tokens = self._table(seq_id), self._tokens[seq_id]
-        n = check_int("n", n, low=0, high=len(tokens))
-        keep = len(tokens) - n
+        keep = len(tokens) - check_int("n", n, low=0, high=len(tokens))
         kept_blocks = cdiv(keep, self.block_size)
         dropped = table[kept_blocks:]
         del tokens[keep:], table[kept_blocks:]
@@ -176,19 +169,18 @@ class BlockManager:
         partly filled last block has empty slots, unless another table holds it as a full block
         (a sharer rolled back into it)."""
         bs = self.block_size
-        partial: dict[int, tuple[int, int]] = {}  # last block -> (most filled, most wanted)
-        holders: dict[int, int] = {}  # last block -> tables holding it partly filled
+        # last block -> (most filled, most wanted, tables holding it partly filled)
+        partial: dict[int, tuple[int, int, int]] = {}
         for s, table in self._tables.items():
             n = len(self._tokens[s])
             if n % bs:
                 final = n if final_lens is None else max(n, int(final_lens.get(s, n)))
-                f0, w0 = partial.get(table[-1], (0, 0))
-                partial[table[-1]] = (max(f0, n % bs), max(w0, min(bs, final - n + n % bs)))
-                holders[table[-1]] = holders.get(table[-1], 0) + 1
-        partial = {b: fw for b, fw in partial.items() if holders[b] == self._table_users(b)}
+                f, w, k = partial.get(table[-1], (0, 0, 0))
+                partial[table[-1]] = (max(f, n % bs), max(w, min(bs, final - n + n % bs)), k + 1)
+        empty = [(f, w) for b, (f, w, k) in partial.items() if k == self._table_users(b)]
         in_tables = self.num_blocks - self.num_free_blocks - self._held_outside_tables()
-        token = in_tables * bs - sum(bs - f for f, _ in partial.values())
-        return self._usage(token, sum(w - f for f, w in partial.values()))
+        token = in_tables * bs - sum(bs - f for f, _ in empty)
+        return self._usage(token, sum(w - f for f, w in empty))
 
     def usage_slow(self, final_lens: Mapping[SeqId, int] | None = None) -> KVUsage:
         """Oracle for ``usage``: the definition, block by block (a shared block counts once)."""

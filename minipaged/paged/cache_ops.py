@@ -1,13 +1,12 @@
 """Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
 
-What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books). Its
-one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous. The
-block comes first because it is the unit of allocation, copy and swap (one block, one memcpy);
-heads before tokens so that a decode thread block, one per (sequence, head), reads a contiguous
-[BS, D] tile. (vLLM splits the key cache's D into 16-byte vectors; the CUDA lesson says why not.)
-``reshape_and_cache`` scatters new tokens' K/V to their slots (a negative slot is padding);
-``copy_blocks`` does a step's copy-on-write copies (vLLM section 4.4); ``swap_blocks`` copies
-blocks between pools, GPU <-> CPU (section 4.5).
+What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books), in
+its one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous.
+The block comes first as the unit of allocation, copy and swap (one block, one memcpy); heads
+before tokens so that a decode thread block, one per (sequence, head), reads a contiguous
+[BS, D] tile. (vLLM splits the key cache's D into 16-byte vectors, ``split_kv_cache`` in
+vllm/attention/ops/paged_attn.py; the CUDA lesson says why minipaged does not.) Paper: vLLM
+sections 4.4 (copy-on-write, ``copy_blocks``) and 4.5 (swapping, ``swap_blocks``).
 
 Read before: ``paged/block_manager.py``. Read next: ``paged/paged_attention.py``.
 """
@@ -68,9 +67,8 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                          f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
     uniq, counts = np.unique(live, return_counts=True)
     for dup in uniq[counts > 1][:1]:
-        where = np.flatnonzero(slots == dup).tolist()
-        raise ValueError(f"slot_mapping writes slot {dup} twice (tokens {where}); "
-                         "each token needs its own slot")
+        raise ValueError(f"slot_mapping writes slot {dup} twice (tokens "
+                         f"{np.flatnonzero(slots == dup).tolist()}); each token needs its own slot")
     blocks, offsets = live // bs, live % bs
     # Advanced indices split by a slice put the token axis first: [T', Hkv, D] on both sides.
     key_cache[blocks, :, offsets, :] = key[valid]
@@ -105,8 +103,7 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
     dst, counts = np.unique(m[:, 1], return_counts=True)
     for b in dst[counts > 1][:1]:
         raise ValueError(f"{name} copies into block {b} more than once")
-    both = np.intersect1d(m[:, 0], m[:, 1]) if same_pool else []
-    for b in both[:1]:
+    for b in (np.intersect1d(m[:, 0], m[:, 1]) if same_pool else [])[:1]:
         raise ValueError(f"{name} overlaps: block {b} is both a source and a "
                          "destination, so the result would depend on the copy order")
     return m

@@ -2,25 +2,24 @@
 
 What this teaches (lesson 03): position p of sequence s lives in physical block
 ``block_tables[s, p // BS]`` of the pool ``key_cache, value_cache [NB, Hkv, BS, D]``, at slot
-``p % BS``. Attention is unchanged; only the addressing is. ``method="gather"`` fetches each
-sequence's K/V through its table and runs the oracle's kernel: bit for bit
-``dense_attention(q, *gather_kv(...))``. ``method="online"`` walks the table one block at a time
-with the online softmax, as vLLM's CUDA kernel does: bit for bit ``dense_attention(..., tile=BS)``.
-``paged_attention`` is decode (one query per sequence); ``paged_prefill_attention`` takes several
-new tokens per sequence (a prompt, a chunk, the rest after a prefix-cache hit).
+``p % BS``; attention is unchanged, only the addressing is. ``paged_attention`` is decode (one
+query per sequence), ``paged_prefill_attention`` several new tokens per sequence (a prompt, a
+chunk, the rest after a prefix-cache hit). ``method="gather"`` fetches each sequence's K/V
+through its table and runs the oracle's kernel: bit for bit ``dense_attention(q,
+*gather_kv(...))``. ``method="online"`` walks the table one block at a time, as vLLM's CUDA
+kernel does (csrc/attention/attention_kernels.cuh), with the online softmax (vLLM's kernel
+keeps the logits in shared memory instead): bit for bit ``dense_attention(..., tile=BS)``.
+Bit for bit needs the oracle's per-head shapes, so the gather path loops over sequences (padding
+them to one length would change the row sums); online decode is vectorised across sequences,
+every tile being exactly BS keys. No loop runs per token.
 
 Invariants (checked before any arithmetic; tests/test_paged_attention*.py): only the first
 ceil(seq_lens[s] / BS) entries of row s are read; free blocks and slots past seq_lens[s] may hold
 anything, NaN included, without changing an output; moving blocks and rewriting the tables to
 match leaves every output bit-identical.
 
-Bit-for-bit needs the oracle's per-head shapes, so the gather path loops over sequences (padding
-them to one length would change the row sums); the online decode path is vectorised across
-sequences, since every tile is exactly BS keys. No loop runs per token.
-
 Read before: ``attention.py``, ``paged/block_manager.py``, ``paged/cache_ops.py``. Read next:
-``sharing/cow.py`` (stage 4: sharing blocks). The CUDA kernel (``cuda/``, lesson 08) does the
-online walk with one thread block per (head, sequence).
+``sharing/cow.py`` (stage 4: sharing blocks). ``cuda/`` (lesson 08) does this walk on a GPU.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ METHODS = ("gather", "online")
 GATHER_CHUNK_BYTES = 1 << 20
 
 
-def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, int, int, int]:
+def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, ...]:
     # The checks of every cache op, plus what the arithmetic needs: a float dtype, C order.
     check_caches(key_cache, value_cache)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
@@ -56,10 +55,9 @@ def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, 
         if not c.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (the one cache layout "
                              "[NB, Hkv, BS, D]); got a strided view")
-    NB, Hkv, BS, D = key_cache.shape
-    if min(NB, Hkv, BS, D) < 1:
+    if min(key_cache.shape) < 1:
         raise ValueError(f"key_cache.shape={key_cache.shape} has an empty dimension")
-    return NB, Hkv, BS, D
+    return key_cache.shape
 
 
 def _check_method(method: str) -> None:
@@ -67,35 +65,27 @@ def _check_method(method: str) -> None:
         raise ValueError(f"method={method!r}; expected one of {METHODS}")
 
 
-def _gather_heads(flat: np.ndarray, blocks: np.ndarray, Hkv: int, h0: int, h1: int, L: int,
-                  D: int, buf: np.ndarray, acc: np.dtype) -> np.ndarray:
-    """K or V of KV heads h0..h1-1 of one sequence: [h1-h0, L, D] in the accumulation dtype.
-    ``flat`` is the cache as [NB*Hkv, BS*D], row b*Hkv + h = head h of block b, so the gather is
-    one np.take of whole rows into a reused buffer, which read as [h, nb*BS, D] holds each head's
-    keys in logical order. Slots past L are sliced off, never used."""
-    rows = (blocks[None, :] * Hkv + np.arange(h0, h1)[:, None]).ravel()   # [h * nb]
-    out = buf[:rows.size]
-    np.take(flat, rows, axis=0, out=out, mode="clip")  # rows already validated; "raise" would
-    #                                                    make np.take buffer the whole output
-    kh = out.reshape(h1 - h0, -1, D)[:, :L]                                 # [h, L, D]
-    return kh.astype(acc) if kh.dtype != acc else kh
-
-
 def _gather_attention(qh: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
                       blocks: np.ndarray, L: int, limits: np.ndarray,
                       bufs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Gather path for one sequence: qh [Hkv, R, D] -> [Hkv, R, D], a few KV heads at a time."""
+    """Gather path for one sequence: qh [Hkv, R, D] -> [Hkv, R, D], a few KV heads at a time.
+    A cache read as [NB*Hkv, BS*D] has head h of block b in row b*Hkv + h, so a chunk's K (or
+    V) is one np.take of whole rows into a reused buffer, which read as [h, nb*BS, D] holds each
+    head's keys in logical order; slots past L are sliced off."""
     NB, Hkv, BS, D = key_cache.shape
-    kflat = key_cache.reshape(NB * Hkv, BS * D)                  # a view: the cache is C-order
-    vflat = value_cache.reshape(NB * Hkv, BS * D)
-    nb = blocks.shape[0]
-    hc = bufs[0].shape[0] // nb                                  # heads per chunk
+    flats = [c.reshape(NB * Hkv, BS * D) for c in (key_cache, value_cache)]  # views (C order)
+    hc = bufs[0].shape[0] // blocks.shape[0]                                 # heads per chunk
     out = np.empty_like(qh)
     for h0 in range(0, Hkv, hc):
         h1 = min(h0 + hc, Hkv)
-        kh = _gather_heads(kflat, blocks, Hkv, h0, h1, L, D, bufs[0], qh.dtype)
-        vh = _gather_heads(vflat, blocks, Hkv, h0, h1, L, D, bufs[1], qh.dtype)
-        out[h0:h1] = plain_softmax(qh[h0:h1], kh, vh, limits)
+        rows = (blocks[None, :] * Hkv + np.arange(h0, h1)[:, None]).ravel()   # [h * nb]
+        kv = []
+        for flat, buf in zip(flats, bufs):
+            # mode="clip": the rows are valid, and "raise" would make np.take buffer its output
+            np.take(flat, rows, axis=0, out=buf[:rows.size], mode="clip")
+            x = buf[:rows.size].reshape(h1 - h0, -1, D)[:, :L]                 # [h, L, D]
+            kv.append(x if x.dtype == qh.dtype else x.astype(qh.dtype))
+        out[h0:h1] = plain_softmax(qh[h0:h1], kv[0], kv[1], limits)
     return out
 
 
@@ -167,9 +157,8 @@ def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.nd
         pad = hidden.any()
         kt = _tile(key_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
         vt = _tile(value_cache, bts[:n, j], hidden[:, None, :, None] if pad else None, acc)
-        m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt,
-                                          hidden[:, None, None, :] if pad else None,
-                                          m[:n], l[:n], o[:n])
+        mask = hidden[:, None, None, :] if pad else None
+        m[:n], l[:n], o[:n] = online_step(qs[:n], kt, vt, mask, m[:n], l[:n], o[:n])
     o /= l
     oh = np.empty_like(o)
     oh[order] = o
@@ -207,11 +196,10 @@ def _per_sequence(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndar
     acc = accumulation_dtype(query.dtype)
     scale = D ** -0.5 if scale is None else scale
     out = np.empty_like(query)
-    if qlens.size == 0:
-        return out
     nblocks = cdiv(lens, BS)
     starts = np.concatenate([[0], np.cumsum(qlens)])
-    bufs = _gather_buffers(key_cache, int(nblocks.max())) if method == "gather" else None
+    mb = int(nblocks.max(initial=1))  # initial: S may be 0
+    bufs = _gather_buffers(key_cache, mb) if method == "gather" else None
     for s in range(qlens.size):
         T, L, nb = int(qlens[s]), int(lens[s]), int(nblocks[s])
         qh = _to_heads(query[starts[s]:starts[s + 1]], Hkv, scale, acc)       # [Hkv, G*T, D]
