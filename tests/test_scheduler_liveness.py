@@ -23,7 +23,8 @@ from hypothesis import given, settings
 
 from minipaged._checks import cdiv
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
-from minipaged.serving.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
+from minipaged.serving.scheduler import Scheduler, SchedulerConfig
+from minipaged.sharing.sequence import FINISHED, REJECTED
 from minipaged.sim.cost import CostModel
 from minipaged.sim.executor import SimExecutor
 from minipaged.sim.memory import preset

@@ -21,15 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from invariants import check_invariants
 
 from minipaged.serving.memory_policy import ContiguousPolicy, PagedPolicy, make_policy
-from minipaged.serving.scheduler import (
-    FINISHED,
-    REJECTED,
-    RUNNING,
-    SWAPPED,
-    WAITING,
-    Scheduler,
-    SchedulerConfig,
-)
+from minipaged.serving.scheduler import Scheduler, SchedulerConfig
+from minipaged.sharing.sequence import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING
 from minipaged.sim.cost import CostModel
 from minipaged.sim.executor import VOCAB, SimExecutor
 from minipaged.sim.memory import preset

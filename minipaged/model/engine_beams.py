@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from minipaged.model.engine_samples import RequestRecord
 from minipaged.model.sampling import Beam, CompletionOutput, beam_step, best_hypotheses, log_softmax
-from minipaged.serving.scheduler import FINISHED
+from minipaged.sharing.sequence import FINISHED
 
 
 class Beams:

@@ -26,16 +26,14 @@ from operator import attrgetter
 
 from minipaged.serving.memory_policy import MemoryPolicy
 
-# Re-exported: the engine, the simulator and the tests import these names from here too.
+# The step's contract is imported from here by the engine, the simulator and the tests.
 from minipaged.serving.queues import (  # noqa: F401
     RequestQueues,
     SchedulerConfig,
     SchedulerOutput,
     StepResult,
 )
-from minipaged.sharing.sequence import (  # noqa: F401
-    FINISHED,
-    REJECTED,
+from minipaged.sharing.sequence import (
     RUNNING,
     SWAPPED,
     WAITING,
