@@ -103,7 +103,8 @@ def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name:
     dst, counts = np.unique(m[:, 1], return_counts=True)
     for b in dst[counts > 1][:1]:
         raise ValueError(f"{name} copies into block {b} more than once")
-    for b in (np.intersect1d(m[:, 0], m[:, 1]) if same_pool else [])[:1]:
+    both = np.intersect1d(m[:, 0], m[:, 1]) if same_pool else []  # src and dst in one pool
+    for b in both[:1]:
         raise ValueError(f"{name} overlaps: block {b} is both a source and a "
                          "destination, so the result would depend on the copy order")
     return m
