@@ -101,8 +101,9 @@ def gqa(ctx: Context) -> Answer:
         "kernel runs one thread block per query head (grid (num_heads, num_seqs, partitions), "
         "csrc/attention/attention_kernels.cuh), so each re-reads its KV head (reuse only through "
         "the L2 cache); FlashAttention and FlashInfer load a KV head once for its whole group of "
-        "query heads. minipaged's kernel (cuda/paged_attention.cu) does as vLLM's: one thread "
-        "block per query head.",
+        "query heads. minipaged's kernels (cuda/paged_attention.cu) have both: v1/v2 as vLLM's, "
+        "v3/v4 one thread block per KV head and up to 8 of its query heads, which run whenever "
+        "H > Hkv (cuda/checks.py, choose_version).",
         figures=[
             ("Llama-3-8B KV per token (8 KV heads)", nbytes(m.kv_bytes_per_token)),
             ("  the same model with 32 KV heads (MHA)", nbytes(mha)),
