@@ -117,9 +117,11 @@ for s, (k, v) in dense.items():
 # %% [markdown]
 # ## Paged attention equals dense attention
 # Decode attention reads each sequence's K/V through its block table. Gathering them and
-# running the dense oracle gives the same numbers **bit for bit**; walking the blocks one by one
-# with the online softmax (what the GPU kernel does) equals the dense oracle tiled by BS, bit for
-# bit, and the plain oracle within float rounding.
+# running the dense oracle gives the same numbers **bit for bit**; walking the blocks one by one,
+# as vLLM's GPU kernel does (csrc/attention/attention_kernels.cuh), here with the online softmax
+# (that kernel, and minipaged's CUDA v1-v4, keep the logits in shared memory instead; only v0
+# runs the online softmax), equals the dense oracle tiled by BS, bit for bit, and the plain
+# oracle within float rounding.
 
 # %%
 H = 4  # query heads: 2 per KV head (grouped-query attention)
