@@ -2,9 +2,11 @@
 # # Lesson 06: scheduling, preemption, and why memory decides throughput
 #
 # Lessons 02-05 built the memory: contiguous regions, then blocks, then shared blocks. This one
-# puts requests through it. vLLM's scheduler (paper section 4.5) works **per iteration**: every
-# step it admits waiting requests first-come-first-served while blocks allow, runs one decode
-# token for every running sequence, and when a running sequence cannot get a slot it
+# puts requests through it. vLLM's scheduler (paper section 4.5) works **per iteration**: a
+# step either admits waiting requests first-come-first-served while blocks allow and prefills
+# them, or runs one decode token for every running sequence (never both in one step: vLLM v0's
+# default, `vllm/core/scheduler.py`, `_schedule_default`, and minipaged's without chunked
+# prefill; lesson 11 mixes them), and when a running sequence cannot get a slot it
 # **preempts** the most recently arrived request, all or nothing: by **swapping** its blocks to
 # CPU memory, or by dropping them to **recompute** the tokens later as one prefill.
 #
@@ -89,8 +91,8 @@ console.print(f"preemptions: recompute {rec.num_preemptions}, swap {swp.num_pree
 #
 # ## Experiment 1 (the paper's Fig. 2): where KV memory goes
 #
-# Now the paper's setting: OPT-13B on an A100-40GB leaves 12 GiB of KV cache, 15,728 token
-# slots (`minipaged kv-calc`). ShareGPT-like requests all arrive at once; we average memory
+# Now the paper's setting: OPT-13B on an A100-40GB leaves 12 GiB of KV cache (Table 1), 15,728
+# token slots (`minipaged kv-calc`). ShareGPT-like requests all arrive at once; we average memory
 # over the time requests are queued (memory is the bottleneck then). The Orca baselines
 # reserve, at admission, the maximum length (2048), the prompt plus the output rounded up to a
 # power of two, or exactly the final length (section 6.1); paged allocates a block when the
