@@ -9,7 +9,8 @@
 # a step needs are collected (`take_copies()`) and done in one call (`copy_blocks`) before the
 # step writes its new K/V, as vLLM batches them into one kernel launch (paper section 5.1,
 # "fused block copy"). This is vLLM v0's design; the v1 engine has no fork and no
-# copy-on-write, and shares through its prefix cache instead (lesson 05).
+# copy-on-write (vllm/v1/engine/parallel_sampling.py makes n samples n requests), and shares
+# through its prefix cache instead (vllm/v1/core/kv_cache_manager.py; lesson 05).
 #
 # Code: `minipaged/sharing/cow.py` (`CowBlockManager`: fork, copy-on-write in append_slot,
 # take_copies), `minipaged/paged/cache_ops.py` (copy_blocks), `minipaged/sharing/sequence.py`
@@ -107,7 +108,8 @@ console.print(f"blocks held: {blocks_with_sharing(mgr, seqs)} with sharing, "
 # ## No cap on reference counts
 # A widely repeated interview answer says vLLM caps a block's shared references at 16. Neither
 # the paper (section 4.4) nor the code does: vLLM v0's reference counter only asserts that a
-# count never goes below zero (vllm/core/block/common.py), and 16 is the default *block size*.
+# count never goes below zero (vllm/core/block/common.py), and 16 is the default *block size*
+# (CacheConfig.DEFAULT_BLOCK_SIZE, vllm/config/cache.py).
 # minipaged has no cap either. Here one block has 101 users:
 
 # %%
