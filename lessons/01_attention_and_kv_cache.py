@@ -138,7 +138,10 @@ console.print(f"P={P_big}, N={N_big}: recompute every step {recompute_big:,} pro
 # Grouped-query attention (fewer KV heads than query heads) is a direct cut in this number.
 
 # %%
-MODELS = [  # name, layers, query heads, KV heads, head size (each model's published config)
+# name, layers, query heads, KV heads, head size: each model's published config.json on the
+# Hugging Face Hub (facebook/opt-13b, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B,
+# meta-llama/Meta-Llama-3-70B; head size = hidden_size / num_attention_heads)
+MODELS = [
     ("OPT-13B (paper's Table 1)", 40, 40, 40, 128),
     ("Llama-2-7B", 32, 32, 32, 128),
     ("Llama-3-8B (GQA)", 32, 32, 8, 128),

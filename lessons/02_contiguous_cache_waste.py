@@ -3,10 +3,10 @@
 #
 # Lesson 01 showed why decoding keeps every token's K and V. The obvious way to keep them is one
 # dense [T, Hkv, D] array per request, so that attention reads it directly. Before vLLM, serving
-# systems did exactly that: when a request is admitted it gets ONE contiguous region of KV slots,
-# sized by a policy, because nobody knows yet how long its answer will be. The vLLM paper
-# measured where the memory of such systems goes (Fig. 2, from the runs of section 6.2), for
-# three policies of its Orca baselines (section 6.1):
+# systems did exactly that (vLLM paper, section 3.1): when a request is admitted it gets ONE
+# contiguous region of KV slots, sized by a policy, because nobody knows yet how long its
+# answer will be. The vLLM paper measured where the memory of such systems goes (Fig. 2, from
+# the runs of section 6.2), for three policies of its Orca baselines (section 6.1):
 #
 # | policy   | reserves for a request of P prompt tokens that will end with F tokens    |
 # |----------|--------------------------------------------------------------------------|
@@ -107,13 +107,13 @@ assert small["max"][0] < small["pow2"][0] < small["oracle"][0]  # pow2 "sits bet
 # ## A small seeded workload, measured over time
 # 200 requests, all waiting at the start (a static workload), final lengths shaped like the
 # paper's ShareGPT requests scaled down eight times: max_seq_len 256 instead of 2048, mean
-# prompt about 20 and mean output about 42 tokens (ShareGPT: 161 and 338), and an arena of
-# 2048 slots, room for 8 maximum-length requests (the paper's OPT-13B on an A100-40GB has
-# 15.7K slots, room for 7.7). Each step admits waiting requests first-come-first-served while
-# the head of the queue fits, then every running request writes one token's K/V; finished
-# requests release their region. We average the categories over the steps where a request
-# was waiting, i.e. while the cache was the bottleneck, with external fragmentation measured
-# against the region the head of the queue needs.
+# prompt about 20 and mean output about 42 tokens (ShareGPT: 161 and 338, Fig. 11), and an
+# arena of 2048 slots, room for 8 maximum-length requests (the paper's OPT-13B on an A100-40GB
+# has 15.7K slots, room for 7.7: Table 1). Each step admits waiting requests
+# first-come-first-served while the head of the queue fits, then every running request writes
+# one token's K/V; finished requests release their region. We average the categories over the
+# steps where a request was waiting, i.e. while the cache was the bottleneck, with external
+# fragmentation measured against the region the head of the queue needs.
 
 # %%
 rng = np.random.default_rng(2023)
