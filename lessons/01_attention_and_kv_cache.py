@@ -107,7 +107,8 @@ t = Table(title=f"K/V projections to generate {N} tokens after a {P}-token promp
 t.add_column("")
 t.add_column("K/V projections", justify="right")
 t.add_column("formula", justify="left")
-t.add_row("recompute every step", str(n_nocache), "P + sum_{i=0}^{N-1} (P + i)  ~ N^2 / 2")
+t.add_row("recompute every step", str(n_nocache),
+          "P + sum_{i=0}^{N-1} (P + i) = P(N + 1) + N(N - 1) / 2")
 t.add_row("KV cache", str(n_cache), "P + N  (each token once)")
 console.print(t)
 assert n_nocache == P + sum(P + i for i in range(N)) and n_cache == P + N
