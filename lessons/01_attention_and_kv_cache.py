@@ -111,7 +111,8 @@ t.add_row("recompute every step", str(n_nocache),
           "P + sum_{i=0}^{N-1} (P + i) = P(N + 1) + N(N - 1) / 2")
 t.add_row("KV cache", str(n_cache), "P + N  (each token once)")
 console.print(t)
-assert n_nocache == P + sum(P + i for i in range(N)) and n_cache == P + N
+assert n_nocache == P + sum(P + i for i in range(N)) == P * (N + 1) + N * (N - 1) // 2
+assert n_cache == P + N
 console.print(f"identical generated states with and without the cache: [bold]{same}[/]")
 assert same
 
