@@ -178,7 +178,8 @@ def default_kv_cache_bytes(model: ModelSpec, gpu: GPUSpec, *,
     """vLLM's rule, per GPU: the KV cache gets what is left of ``gpu_memory_utilization`` x GPU
     memory after this GPU's 1/TP of the weights. vLLM also subtracts the activation peak of a
     profiling run (vllm/v1/worker/gpu_worker.py determine_available_memory); this ignores it
-    (small at these batch sizes). 0.9 was vLLM's default; vLLM 0.32 has 0.92 (vllm/config/cache.py)."""
+    (small at these batch sizes). 0.9 was vLLM's default; vLLM 0.32 has 0.92
+    (vllm/config/cache.py)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
     model.kv_heads_per_gpu(tp)  # a TP the model cannot be sharded over is refused here
