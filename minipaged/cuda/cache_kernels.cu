@@ -1,8 +1,9 @@
 // cache_kernels.cu: writing K/V into the paged cache, and copy-on-write of whole blocks.
 //
 // Where this sits: the GPU twins of minipaged/paged/cache_ops.py (read that first). Paper: vLLM
-// section 4.1 (KV cache manager writes new tokens' K/V to their slots) and 4.4 (copy-on-write:
-// copies are batched into one launch). paged_attention.cu reads what these kernels wrote.
+// section 5, kernel-level optimizations (fused reshape and block write: new tokens' K/V to the
+// slots the block table of section 4.2 names; fused block copy: the copy-on-write copies of
+// section 4.4 batched into one launch). paged_attention.cu reads what these kernels wrote.
 // Read next: common.cuh, then kernels.py.
 //
 // Napkin math:
@@ -12,7 +13,7 @@
 //     tokens of all sequences, and why padding tokens (slot < 0) are skipped in the kernel
 //     rather than compacted on the host.
 //   copy_blocks, N pairs, Hkv=8, BS=16, D=128, fp16: 2 (K,V) * Hkv * BS * D * 2 B = 64 KiB read
-//     and 64 KiB written per pair. A beam search step copying 100 blocks reads 6.4 MiB: a few
+//     and 64 KiB written per pair. A beam search step copying 100 blocks reads 6.25 MiB: a few
 //     microseconds of bandwidth, one launch.
 #include "common.cuh"
 

@@ -346,8 +346,8 @@ __global__ void __launch_bounds__(NUM_THREADS) paged_attention_v2_reduce_kernel(
   MP_DYNAMIC_SHARED(smem);
   float* weights = reinterpret_cast<float*>(smem);  // [P]
 
-  // A few dozen partitions at most: every thread scans them all (no reduction tree needed,
-  // and every thread sees the same M and the same total, bit for bit).
+  // A few dozen partitions (64 at 32K tokens): every thread scans them all (no reduction tree
+  // needed, and every thread sees the same M and the same total, bit for bit).
   float global_max = MP_NEG_INFINITY;
   for (int p = 0; p < num_partitions; p++) global_max = fmaxf(global_max, m[p]);
   for (int p = threadIdx.x; p < num_partitions; p += NUM_THREADS)

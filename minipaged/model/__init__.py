@@ -1,4 +1,4 @@
-"""A tiny torch language model that generates through the paged KV cache (issue: end to end).
+"""A tiny torch language model that generates through the paged KV cache, end to end.
 
 Until this package, the cache holds random numbers; here a real decoder writes its keys and
 values into the pages and reads them back, and text comes out that can be checked.
@@ -10,12 +10,14 @@ Read in this order:
     train.py       the seeded training script that made checkpoints/count.pt
     sampling.py    SamplingParams, greedy / seeded sampling, beam search steps
     reference.py   the plain generator with a contiguous per-sequence cache: the oracle
+    runner.py      the paged K/V arrays per layer and one packed forward pass per step
     engine.py      LLM: the paged engine, driven by minipaged.serving.scheduler
     engine_samples.py, engine_beams.py   the engine's sampling, parallel samples, beam search
     hf.py, hf_tokenizer.py, pool.py   Hugging Face checkpoints; the pool from a KV budget
 
-torch is imported only by decoder.py, reference.py, engine.py and the training script, never
-by ``import minipaged.model``, so the command line stays usable without torch.
+torch is imported by decoder.py, reference.py and runner.py (so by engine.py), and inside the
+functions of checkpoint.py, hf.py and the training script, never by ``import minipaged.model``,
+so the command line stays usable without torch.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ many KV blocks:
     prompt      "count down from 47:"
     completion  " 47 46 45 ... 2 1 0." followed by <eos>
 
-Counting down from 59 is 170 characters, eleven blocks of 16 tokens, so one generation crosses
+Counting down from 59 is 171 characters, eleven blocks of 16 tokens, so one generation crosses
 many block boundaries, and sharing, copy-on-write and preemption all act on real activations.
 ``check(prompt, completion)`` says whether an answer is right; nothing is copied from elsewhere:
 this file is the whole data set.

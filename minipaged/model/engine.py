@@ -1,6 +1,6 @@
 """LLM: the paged engine. Prompts in, completions out, through the shared scheduler.
 
-What it teaches: how the pieces of the course become a serving engine (vLLM section 4).
+What it teaches: how the pieces of the course become a serving engine (the paper, section 4).
 
     Scheduler                     who runs this step: admissions FCFS, one decode slot per running
       (../serving/scheduler.py)   sequence, preemption of the newest group by swap or recompute

@@ -10,8 +10,11 @@ prompt blocks were shared by copy-on-write: the property test for parallel sampl
 Beam search (vLLM v0 style): each step every live beam proposes candidates, the best
 ``2 * beam_width`` of all candidates by cumulative log-probability are taken in order; candidates
 ending in <eos> become finished hypotheses, the first ``beam_width`` others stay live. It stops
-when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps; hypotheses are ranked
-by cumulative log-probability divided by their length. ``beam_step`` below is the one
+when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps (vLLM v0's
+early_stopping=True; its default, False, may stop sooner: _check_beam_search_early_stopping in
+vllm/engine/llm_engine.py); hypotheses are ranked by cumulative log-probability divided by the
+number of tokens they generated (vLLM v0's get_beam_search_score, vllm/sequence.py, divides by
+the whole length, prompt included, less a final <eos>). ``beam_step`` below is the one
 implementation (its selection is sharing/sampling.select_beams, lesson 04's too); the engine
 shares the survivors' blocks by fork, the reference copies caches.
 

@@ -23,8 +23,10 @@ Assumptions (each one a simplification; the figures are estimates, not measureme
        This is what makes very small blocks slow; fragmentation makes very large ones wasteful.
     6. Swapping moves blocks over PCIe at ``pcie_bw`` and pays ``swap_latency_s`` per copy; a
        block is ``copies_per_block`` copies (vLLM v0 copies each layer's K and V block
-       separately: 2 x num_layers), so small blocks mean many small copies, the reason swapping
-       suffers at small block sizes in the paper's Fig. 19.
+       separately: 2 x num_layers; vllm/worker/cache_engine.py swap_in / swap_out loop over the
+       layers, vllm/attention/ops/paged_attn.py swap_blocks copies K, then V), so small blocks
+       mean many small copies, the reason swapping suffers at small block sizes in the paper's
+       Fig. 19 (section 7.3).
     7. Recomputation has no cost of its own: the re-prefilled tokens are ordinary prefill tokens.
 The efficiencies are our choice (typical achieved fractions of the datasheet), not fitted.
 """

@@ -144,8 +144,9 @@ def rates(num_requests: int = 400, seed: int = 0, iters: int = 6, workload: str 
         out[pol]["paged_speedup"] = base / r if r > 0 else math.inf
     if console is not None:
         t = Table(title=f"Experiment 3 (Figs. 12-13): sustainable rate and batch size, "
-                        f"{workload}, {num_requests} requests, seed {seed} (paper: vLLM sustains "
-                        f"2-4x Orca's rate, Fig. 12, and batches 2.2-4.3x more, Fig. 13)")
+                        f"{workload}, {num_requests} requests, seed {seed} (paper, ShareGPT, "
+                        f"section 6.2: vLLM sustains 1.7-2.7x Orca (Oracle)'s rate and 2.7-8x "
+                        f"Orca (Max)'s, Fig. 12, and batches 2.2x / 4.3x more, Fig. 13a)")
         for c in ("policy", "avg batch (saturated)", "max rate (req/s)", "paged / this"):
             t.add_column(c, justify="right")
         for pol, d in out.items():

@@ -1,8 +1,9 @@
 """How many tokens fit: KV bytes per token, token slots, blocks, and the block table's own size.
 
 What this teaches: the KV cache budget of a real deployment is simple arithmetic, and the
-interview answer's block-table figures can be checked with it. Paper: section 3 (Table 1: OPT-13B on
-one A100-40GB leaves about 12 GB for the KV cache, about 15.7K token slots, 800 KB per token).
+interview answer's block-table figures can be checked with it. Paper: section 3 (800 KB per
+token of OPT-13B) and section 6.1 (Table 1: OPT-13B on one A100-40GB leaves about 12 GB for the
+KV cache, about 15.7K token slots).
 Read next: ``cost.py``. ``minipaged kv-calc`` prints these figures.
 
     KV bytes per token = 2 (K and V) x num_layers x num_kv_heads x head_size x bytes per element
@@ -177,7 +178,8 @@ def default_kv_cache_bytes(model: ModelSpec, gpu: GPUSpec, *,
     """vLLM's rule, per GPU: the KV cache gets what is left of ``gpu_memory_utilization`` x GPU
     memory after this GPU's 1/TP of the weights. vLLM also subtracts the activation peak of a
     profiling run (vllm/v1/worker/gpu_worker.py determine_available_memory); this ignores it
-    (small at these batch sizes). 0.9 was vLLM's default; 0.32 has 0.92 (vllm/config/cache.py)."""
+    (small at these batch sizes). 0.9 was vLLM's default; vLLM 0.32 has 0.92
+    (vllm/config/cache.py)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
     model.kv_heads_per_gpu(tp)  # a TP the model cannot be sharded over is refused here
