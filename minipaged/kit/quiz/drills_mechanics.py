@@ -136,14 +136,16 @@ def cow_vs_prefix(ctx: Context) -> Answer:
         mgr.take_copies()
     return Answer(
         "Copy-on-write (paper section 4.4) shares blocks between the sequences of one request "
-        "(fork) and copies the shared partial last block on the first write. Prefix caching shares "
-        "full blocks between any requests through a hash of the whole prefix, and never shares a "
-        "partial block, so there is nothing to copy. vLLM v0 had both (automatic prefix caching, "
-        "vllm/core/block/prefix_caching_block.py, beside copy-on-write); the v1 engine keeps only "
-        "prefix caching and runs parallel sampling as n requests with one cached prompt "
-        "(vllm/v1/engine/parallel_sampling.py): it gives up at most one block per sample, and the "
-        "block manager no longer needs forks or copies. minipaged's KVCacheManager does both, as "
-        "v0 could.",
+        "(fork) and copies the shared partial last block on the first write. Prefix caching "
+        "shares full blocks between any requests through a hash of the whole prefix, and (in "
+        "minipaged and for one-group models in vLLM) never shares a partial block, so there is "
+        "nothing to copy. vLLM v0 had both (automatic prefix caching, "
+        "vllm/core/block/prefix_caching_block.py, beside copy-on-write); the v1 engine has no "
+        "forks and runs parallel sampling as n requests with one cached prompt "
+        "(vllm/v1/engine/parallel_sampling.py): it gives up at most one block per sample. It "
+        "copies a block only when a prefix-cache hit ends inside it, which only hybrid models' "
+        "finer hashes allow (vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; "
+        "vllm/v1/core/kv_cache_utils.py). minipaged's KVCacheManager does both, as v0 could.",
         figures=[
             (f"n={n} samples, {len(prompt)}-token prompt, {gen} tokens each, BS {bs}: no sharing",
              f"{n * cdiv(len(prompt) + gen, bs)} blocks"),

@@ -39,7 +39,8 @@ GLOSSARY: tuple[Term, ...] = (
          "free blocks, least recently used first; cached ones keep their hash until evicted"),
     Term("copy-on-write", "写时复制",
          "a write to a shared block first copies it to a fresh block (paper section 4.4; "
-         "vLLM v0, not the v1 engine)"),
+         "vLLM v0's forks; in v1 only a prefix-cache hit that ends inside a block, which "
+         "hybrid models allow, vllm/v1/core/single_type_kv_cache_manager.py)"),
     Term("fork", "分叉", "a new sequence sharing all blocks of its parent (counts + 1)"),
     Term("parallel sampling", "并行采样", "n completions of one prompt, sharing its blocks"),
     Term("beam search", "束搜索", "keep the k best candidates each step; beams share prefixes"),
