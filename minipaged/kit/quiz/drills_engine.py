@@ -97,7 +97,8 @@ def v1_engine(ctx: Context) -> Answer:
         "the step runs without a graph (vllm/v1/cudagraph_dispatcher.py). minipaged builds its "
         "tables per step (KVCacheManager.block_tables) and has no graphs.",
         figures=[
-            ("CUDA-graph sizes captured by default (max 512)", f"{len(sizes)}"),
+            ("CUDA-graph sizes captured by default, cap 512 (1024 on data-center Blackwell)",
+             f"{len(sizes)}"),
             *((f"a step of {n} tokens runs the graph of", "no graph" if s is None else str(s))
               for n, s in padded.items()),
             ("persistent table, 256 requests x 8192 tokens / BS 16, int32",

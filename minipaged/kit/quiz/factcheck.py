@@ -110,7 +110,9 @@ def copy_on_write(ctx: Context) -> Finding:
         "copy-on-write", f"fork then append: copies {copies} for the writer; the other owner, "
         f"now alone, writes in place (copies afterwards: {m.take_copies()})", "holds",
         "the paper, section 4.4; only the last, partly filled block ever needs a copy "
-        "(vLLM v0; the v1 engine has no copy-on-write: vllm/v1/core/kv_cache_manager.py)",
+        "(vLLM v0's forks; the v1 engine has no forks and copies a block only when a "
+        "prefix-cache hit ends inside it, which hybrid models' finer hashes allow: "
+        "vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; vllm/v1/core/kv_cache_utils.py)",
         copies=copies)
 
 

@@ -103,9 +103,10 @@ sourced(
     "block_table int32 [batch, max_blocks] and a paged cache [num_blocks, page_size, Hkv, D]",
     "holds", "upstream requires page_size to be a multiple of 256 (flash_attn's "
     "flash_attn_with_kvcache docstring); vLLM's fork (vllm-project/flash-attention) "
-    "relaxes it to 16, and vLLM v1's FlashAttention backend, its default on NVIDIA GPUs, "
-    "reads the paged cache directly (vllm/v1/attention/backends/flash_attn.py); FlashInfer "
-    "takes a CSR page table")
+    "relaxes it to 16, and vLLM v1's FlashAttention backend, its first choice on NVIDIA GPUs "
+    "but those of compute capability 10.x (B200: FlashInfer first; vllm/platforms/cuda.py, "
+    "_get_backend_priorities), reads the paged cache directly "
+    "(vllm/v1/attention/backends/flash_attn.py); FlashInfer takes a CSR page table")
 
 
 sourced(

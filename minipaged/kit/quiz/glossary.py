@@ -39,7 +39,8 @@ GLOSSARY: tuple[Term, ...] = (
          "free blocks, least recently used first; cached ones keep their hash until evicted"),
     Term("copy-on-write", "写时复制",
          "a write to a shared block first copies it to a fresh block (paper section 4.4; "
-         "vLLM v0, not the v1 engine)"),
+         "vLLM v0's forks; in v1 only a prefix-cache hit that ends inside a block, which "
+         "hybrid models allow, vllm/v1/core/single_type_kv_cache_manager.py)"),
     Term("fork", "分叉", "a new sequence sharing all blocks of its parent (counts + 1)"),
     Term("parallel sampling", "并行采样", "n completions of one prompt, sharing its blocks"),
     Term("beam search", "束搜索", "keep the k best candidates each step; beams share prefixes"),
@@ -55,7 +56,8 @@ GLOSSARY: tuple[Term, ...] = (
     Term("swap", "换出/换入", "preemption by copying blocks to a CPU block pool and back"),
     Term("recompute", "重计算", "preemption by dropping blocks and re-running the prefill later"),
     Term("watermark", "水位线",
-         "free blocks kept back at admission to avoid instant preemption (vLLM v0: 1%)"),
+         "free blocks kept back at admission to avoid instant preemption (vLLM v0: 1% of "
+         "the GPU blocks, vllm/core/block_manager.py)"),
     Term("token states", "token 状态", "slots that hold K/V of existing tokens (paper Fig. 2)"),
     Term("reserved", "预留", "slots set aside for tokens a request will produce later"),
     Term("internal fragmentation", "内部碎片", "slots reserved that will never hold a token"),
@@ -69,7 +71,9 @@ GLOSSARY: tuple[Term, ...] = (
     Term("online softmax", "在线 softmax",
          "softmax over tiles with a running max and sum (FlashAttention, the paged kernel)"),
     Term("thread block", "线程块",
-         "CUDA's unit of work on one SM; the paged kernel runs one per (query head, sequence)"),
+         "CUDA's unit of work on one SM; vLLM's paged kernel and minipaged's v1/v2 run one per "
+         "(query head, sequence), minipaged's v3/v4 one per (KV head, sequence) for up to 8 of "
+         "its query heads"),
     Term("warp", "线程束",
          "32 threads in lockstep; in the v1 paged kernel the warps take KV blocks in turn"),
     Term("shared memory", "共享内存", "fast per-thread-block memory; holds the logits"),
