@@ -8,9 +8,11 @@
 # share (the partly filled last block) does it get its own copy: **copy-on-write**. The copies
 # a step needs are collected (`take_copies()`) and done in one call (`copy_blocks`) before the
 # step writes its new K/V, as vLLM batches them into one kernel launch (paper section 5.1,
-# "fused block copy"). This is vLLM v0's design; the v1 engine has no fork and no
-# copy-on-write (vllm/v1/engine/parallel_sampling.py makes n samples n requests), and shares
-# through its prefix cache instead (vllm/v1/core/kv_cache_manager.py; lesson 05).
+# "fused block copy"). This is vLLM v0's design; the v1 engine has no fork
+# (vllm/v1/engine/parallel_sampling.py makes n samples n requests) and shares through its
+# prefix cache instead (vllm/v1/core/kv_cache_manager.py; lesson 05). Its one copy-on-write
+# (vLLM 0.32) is for a prefix-cache hit that ends inside a block, in hybrid models whose hash
+# unit is finer than a block (vllm/v1/core/single_type_kv_cache_manager.py, `_apply_cow`).
 #
 # Code: `minipaged/sharing/cow.py` (`CowBlockManager`: fork, copy-on-write in append_slot,
 # take_copies), `minipaged/paged/cache_ops.py` (copy_blocks), `minipaged/sharing/sequence.py`

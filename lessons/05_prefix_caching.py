@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 05: prefix caching, and how vLLM v1 replaced copy-on-write
+# # Lesson 05: prefix caching, and how vLLM v1 replaced fork and copy-on-write
 #
 # Lesson 04 shared blocks *inside* one request, by fork. Many requests also share a prefix:
 # the same system prompt, the same few-shot examples, the same document. vLLM (v0's automatic
