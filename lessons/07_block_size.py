@@ -21,7 +21,7 @@ from minipaged.sim import experiments
 from minipaged.sim.memory import block_table_bytes, kv_calc, preset
 
 console = Console()
-ctx = canonical()  # the course's one run configuration (lessons 04-10, quiz, fact-check, slides)
+ctx = canonical()  # the course's one run configuration (lessons 04, 06, 07, 10, quiz, slides)
 
 # %% [markdown]
 # ## How many tokens fit: bytes per token, slots, blocks

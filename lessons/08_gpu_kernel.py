@@ -2,7 +2,7 @@
 # # Lesson 08: the paged attention kernel, and how a GPU runs it
 # requires: cuda-cpu
 #
-# Lessons 03-07 computed paged attention in NumPy: gather each sequence's K/V through its block
+# Lessons 03-05 computed paged attention in NumPy: gather each sequence's K/V through its block
 # table, or walk the table block by block with the online softmax (`method="online"`). A GPU
 # does the walk with thousands of threads at once. This lesson runs the real CUDA kernel,
 # `minipaged/cuda/paged_attention.cu`, and shows what each piece of the GPU does with it.
@@ -14,16 +14,18 @@
 # cell runs the same kernel on the device.
 #
 # The words (CUDA's, not ours):
-# - **grid**: all the thread blocks of one launch; here one block per (query head, sequence).
+# - **grid**: all the thread blocks of one launch; in v1 (traced below) one block per (query
+#   head, sequence).
 # - **thread block**: 128 threads that share **shared memory** and meet at `__syncthreads()`.
 # - **warp**: 32 consecutive threads of a block that execute in lockstep; its **lanes** can read
 #   each other's registers with `__shfl_xor_sync` (no memory involved).
 #
 # The kernel file climbs like llm.c's dev/cuda files: version 0 is one thread per (sequence,
-# head), obviously right and slow; v1 is vLLM's design (one thread block per head); v2 cuts long
-# contexts into partitions; v3 and v4 (the same kernel with GROUP = 8) give one block to each
-# *KV* head so that under GQA every K/V byte is read once, not H/Hkv times. Every version is
-# checked against the NumPy oracle, and the later ones against v0.
+# head), obviously right and slow; v1 is vLLM's design (one thread block per head; vLLM's
+# csrc/attention/attention_kernels.cuh); v2 cuts long contexts into partitions; v3 and v4 (the
+# same kernel with GROUP = 8) give one block to each *KV* head and up to 8 of its query heads,
+# so that under GQA every K/V byte is read once (when H/Hkv <= 8), not H/Hkv times. Every
+# version is checked against the NumPy oracle, and the later ones against v0.
 #
 # Code: `minipaged/cuda/` (start with paged_attention.cu). Paper: vLLM section 4.1.
 # Next: lesson 09 (a model end to end).
@@ -59,8 +61,8 @@ console.print(f"block tables (logical -> physical):\n{block_tables}")
 
 # %% [markdown]
 # ## The launch: grid, blocks, warps, thread groups
-# One thread block computes one query head of one sequence: grid = (H, S) = (4, 2), 8 blocks of
-# 128 threads = 4 warps each. The 4 warps take the sequence's *logical* KV blocks in turn
+# In v1, one thread block computes one query head of one sequence: grid = (H, S) = (4, 2), 8
+# blocks of 128 threads = 4 warps each. The 4 warps take the sequence's *logical* KV blocks in turn
 # (warp w reads blocks w, w+4, ...), following the block table to the physical block. Inside a
 # warp, the 32 lanes split into BS = 16 *thread groups* of 2 lanes: each group computes one
 # token's q.k (each lane half of the 64 products, then one shuffle adds the halves). The logits

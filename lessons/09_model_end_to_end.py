@@ -43,9 +43,9 @@ console.print(f"training report: {report['held_out_exact_match']:.0%} exact on "
 
 # %% [markdown]
 # ## Prompt in, pages filled
-# One request, block size 4 so that the table grows visibly: the prompt's 16 tokens take four
-# blocks at the prefill, then one more block every four generated tokens. The block table is
-# the same for all layers; each layer has its own K and V arrays [NB, Hkv, BS, D].
+# One request, block size 4 so that the table grows visibly: the prompt's 20 tokens (with
+# <bos>) take five blocks at the prefill, then one more block every four generated tokens. The
+# block table is the same for all layers; each layer has its own K and V arrays [NB, Hkv, BS, D].
 
 # %%
 BS = 4

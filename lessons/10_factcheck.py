@@ -95,5 +95,6 @@ for cid in ("block-table-32k", "block-table-128k", "block-32-example"):
 # same latency (section 6.2). Blocks can be shared by reference count with copy-on-write
 # (parallel sampling saves ~6-10%, beam search ~38-55%, Fig. 15), with no cap on the count.
 # When blocks run out, vLLM preempts whole requests, newest first, by swapping or
-# recomputation (section 4.5; the v1 engine only recomputes), and its prefix cache (v0's
-# automatic prefix caching and v1's) evicts least-recently-used blocks.
+# recomputation (section 4.5; the v1 engine only recomputes, vllm/v1/core/sched/scheduler.py),
+# and its prefix cache (v0's automatic prefix caching, vllm/core/evictor.py, and v1's,
+# vllm/v1/core/block_pool.py) evicts least-recently-used blocks.
