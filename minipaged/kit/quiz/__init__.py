@@ -1,6 +1,6 @@
 """Interview drills answered by the code (``minipaged quiz``), and the fact-check behind them.
 
-What it teaches: how to answer the PagedAttention interview question and a dozen more that a
+What it teaches: how to answer the PagedAttention interview question and more than twenty that a
 strong interviewer asks, with every number in every answer computed as it prints by the
 package (the calculator, cost model and simulator in ``minipaged/sim/``, the block managers,
 the attention code). The package, in reading order:
