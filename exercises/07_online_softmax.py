@@ -10,7 +10,8 @@ at a time and keeps, per head, three running values over the tokens seen so far:
     o  sum of exp(logit - m) * v / l         (the output so far, already normalised)
 
 Two partial results (m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens combine
-exactly like this (FlashAttention; vLLM's v2 kernel reduces its partitions the same way):
+exactly like this (FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
+csrc/attention/attention_kernels.cuh, paged_attention_v2_reduce_kernel):
 
     m   = max(m_a, m_b)
     l_a' = l_a * exp(m_a - m);   l_b' = l_b * exp(m_b - m)

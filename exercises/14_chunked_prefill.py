@@ -2,8 +2,9 @@
 
 Lesson: lessons/11_*.py (chunked prefill).  Check: minipaged check 14
 
-With chunked prefill (vLLM v1's default) every step has one token budget,
-``max_num_batched_tokens``, shared by decodes and prefills, and one forward pass runs both:
+With chunked prefill (vLLM v1's default, vllm/engine/arg_utils.py) every step has one token
+budget, ``max_num_batched_tokens``, shared by decodes and prefills, and one forward pass runs
+both:
 1. decodes first: each decoding request costs one token, oldest first; a decode that no
    longer fits waits for the next step;
 2. then prefills, first come first served: each request still prefilling gets the next chunk

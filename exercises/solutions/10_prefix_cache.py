@@ -7,7 +7,8 @@ Exercise 10: prefix caching with chained block hashes and an LRU free queue (vLL
 Lesson: lessons/05_*.py (prefix caching).  Check: minipaged check 10
 
 Many requests start with the same tokens (a system prompt, a few-shot header). vLLM v1 keeps
-the K/V of full blocks after a request ends and reuses them:
+the K/V of full blocks after a request ends and reuses them (vllm/v1/core/kv_cache_manager.py,
+vllm/v1/core/block_pool.py). This exercise's rules:
 - each FULL block gets a hash chained from its parent's: h_i = hash_block(h_{i-1}, tokens_i)
   (h_{-1} = NO_PARENT), so equal hashes mean equal whole prefixes, not just equal blocks;
 - a table maps hash -> physical block; a new request reuses the longest chain of its leading

@@ -82,7 +82,8 @@ def add_simulate(sub) -> None:
     num(g, "--beam-width", int, 1, "beam search width")
     p.add_argument("--sharing", choices=("cow", "prefix"), default="cow",
                    help="with --n: share the prompt by fork + copy-on-write (vLLM v0) or as n "
-                        "requests through the prefix cache (vLLM v1)")
+                        "requests through the prefix cache (vLLM v1, "
+                        "vllm/v1/engine/parallel_sampling.py)")
     p.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="how to evict a sequence group when blocks run out")
