@@ -36,6 +36,7 @@ from minipaged.kit.cli.common import (
 )
 from minipaged.model import train as training
 from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model
+from minipaged.model.pool import DEFAULT_KV_CACHE_GB
 from minipaged.model.sampling import SamplingParams
 
 # ---- generate ----------------------------------------------------------------------------------
@@ -199,14 +200,19 @@ def generate(args) -> int:
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
         kv = (pools * 2 * c.n_layers * c.n_kv_heads * c.head_dim * args.block_size
               * next(model.parameters()).element_size())
+        # With --model, LLM gets the loaded model, not its folder: give it the folder's default
+        # budget (1 GiB, as --help says) instead of the tiny model's 256 blocks.
+        kv_cache_gb = args.kv_cache_gb
+        if kv_cache_gb is None and args.model is not None:
+            kv_cache_gb = DEFAULT_KV_CACHE_GB
         if args.num_blocks is not None:
             refuse_if_too_big(f"--num-blocks={args.num_blocks} x --block-size={args.block_size} "
                               "(the KV pool)", args.num_blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
-        elif args.kv_cache_gb is not None:
-            refuse_if_too_big(f"--kv-cache-gb={args.kv_cache_gb:g} (the KV pool)",
-                              pools * args.kv_cache_gb * 2**30)
+        elif kv_cache_gb is not None:
+            refuse_if_too_big(f"--kv-cache-gb={kv_cache_gb:g} (the KV pool)",
+                              pools * kv_cache_gb * 2**30)
         llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
-                  block_size=args.block_size, kv_cache_gb=args.kv_cache_gb,
+                  block_size=args.block_size, kv_cache_gb=kv_cache_gb,
                   enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
                   chunked_prefill=(args.chunked_prefill > 0) or None,
                   max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
