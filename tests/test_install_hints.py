@@ -102,6 +102,17 @@ def test_the_demo_model_scene_gives_the_hint(monkeypatch):
     assert reason is not None and reason.endswith(_install.TORCH_HINT)
 
 
+@pytest.mark.parametrize("argv", [["demo", "--list"], ["demo", "model"]])
+def test_the_demo_prints_the_hint_whole(monkeypatch, capsys, argv):
+    # rich would read the hint's ".[torch]" as markup and drop it
+    from minipaged.kit.cli import main
+    from minipaged.kit.viz.scenes.model import ModelScene
+
+    monkeypatch.setattr(ModelScene, "missing", classmethod(lambda cls: _install.TORCH_HINT))
+    main(argv)
+    assert _install.TORCH_EXTRA in " ".join(capsys.readouterr().out.split())
+
+
 def test_cupy_messages_give_the_gpu_hint(monkeypatch):
     from minipaged.cuda import cupy_runner, gpu_check
 

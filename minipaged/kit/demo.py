@@ -84,10 +84,11 @@ def run(args) -> int:
     if args.list:
         for cls in SCENES:
             why = cls.missing()
-            console.print(f"{cls.name:<14} {'ready' if why is None else 'skipped: ' + why}")
+            console.print(f"{cls.name:<14} {'ready' if why is None else 'skipped: ' + why}",
+                          markup=False)  # a hint's ".[torch]" is not rich markup
         return 0
     if args.scene is not None and not scenes:
-        console.print(f"scene {args.scene!r} cannot play here: {skipped[0][1]}")
+        console.print(f"scene {args.scene!r} cannot play here: {skipped[0][1]}", markup=False)
         return 1
     console = Console(width=width)
     outputs = [(Path(d), ext) for d, ext in ((args.svg, ".svg"), (args.html, ".html")) if d]
