@@ -38,11 +38,13 @@ def sweet_spot_16(ctx: Context) -> Finding:
 @check
 def block_table_32k(ctx: Context) -> Finding:
     per = memory.block_table_bytes(32 * 1024, 16)
+    kv = 32 * 1024 * memory.MODELS["opt-13b"].kv_bytes_per_token  # the K/V the table points at
     return finding(
         "block-table-32k", f"32768 tokens / 16 = 2048 int32 entries = {per} B per request, "
         f"{per * 1000 / 2**20:.1f} MiB per 1000 requests",
-        "off", f"about 8 MiB per 1000 requests, {0.5 * 2**30 / (per * 1000):.0f}x less than "
-        "claimed (the KV itself would be 25 GiB per request for OPT-13B)",
+        "off", f"about {per * 1000 / 2**20:.0f} MiB per 1000 requests, "
+        f"{0.5 * 2**30 / (per * 1000):.0f}x less than claimed (the KV itself would be "
+        f"{kv / 2**30:.0f} GiB per request for OPT-13B)",
         bytes_per_request=per, bytes_per_1000=per * 1000)
 
 
