@@ -182,8 +182,10 @@ console.print("recompute / swap latency in this run (60 requests): "
 # writes every figure. Same seed, same output.
 
 # %%
-r = simulate(SimConfig(workload="alpaca", num_requests=100, request_rate=20.0, seed=0))
-console.print(f"alpaca, 100 requests at 20 req/s, seed 0, 12 GiB: {r.num_finished} finished, "
+cfg = SimConfig(workload="alpaca", num_requests=100, request_rate=20.0, seed=0)
+r = simulate(cfg)
+gib = preset(cfg.model).kv_cache_bytes / 2**30  # the preset's KV budget, as simulate uses it
+console.print(f"alpaca, 100 requests at 20 req/s, seed 0, {gib:g} GiB: {r.num_finished} finished, "
               f"batch {r.avg_batch_size:.1f}, "
               f"{r.throughput_tokens_per_s:.0f} tokens/s, "
               f"{r.normalized_latency_s_per_token:.4f} s/token, "
