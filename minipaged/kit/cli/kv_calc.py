@@ -23,8 +23,9 @@ How many tokens fit: KV bytes per token, token slots, blocks, and the block tabl
     block table bytes  = ceil(context / block size) x entry bytes, per request (vLLM: int32)
 
 The opt-13b preset is the paper's setting (Table 1, section 6.1: about 12 GB of KV cache on one
-A100-40GB, about 15.7K token slots, its "GB" being GiB; section 3: 800 KB per token). --layers, --kv-heads,
---head-size and --dtype-bytes replace the preset's values (a "custom" model).
+A100-40GB, about 15.7K token slots, its "GB" being GiB; section 3: 800 KB per token).
+--layers, --kv-heads, --head-size and --dtype-bytes replace the preset's values (a "custom"
+model).
 
 Bytes are per GPU. --tp N shards the KV heads over N GPUs, max(1, KV heads // N) each, so
 they replicate when N > KV heads (vLLM's rule, vllm/config/model.py get_num_kv_heads); the
