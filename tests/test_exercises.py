@@ -138,7 +138,7 @@ def test_partial_progress_and_learner_exceptions(tmp_path):
     result = grade(*resolve(str(path)))
     statuses = {r.name: r.status for r in result.results}
     assert statuses["bytes per token of real models"] == "pass"
-    assert statuses["OPT-13B on 12 GiB: the paper's ~15.7K slots"] == "error"
+    assert statuses["OPT-13B on 12 GiB: the paper's ~15.7K slots (Table 1)"] == "error"
     text = _report(result)
     assert "TypeError" in text and "kv.py:7" in text
     assert "Traceback" not in text

@@ -12,8 +12,9 @@ trace runs through two managers:
                  free list, a dict hash -> block, a Block object per block, a cache hit on a
                  free block removed from the deque by value (O(NB))
 
-With prefix caching the n samples of a request are n allocations (vLLM v1); without it they are
-a fork (vLLM v0 copy-on-write). The ratio printed is minipaged ops/s over plain ops/s per
+With prefix caching the n samples of a request are n allocations (as vLLM v1 does,
+vllm/v1/engine/parallel_sampling.py); without it they are a fork (vLLM v0 copy-on-write,
+vllm/core/block_manager.py fork). The ratio printed is minipaged ops/s over plain ops/s per
 operation type (above 1: minipaged is faster), from the times summed over every run.
 
 Fair on a busy machine: the managers replay the trace in short chunks (--chunk scheduling

@@ -138,7 +138,7 @@ def _needed(m):
             dict(num_tokens=5, block_size=0))
 
 
-@EX_04.case("the paper's example: logical 0 -> 7, 1 -> 1, 2 -> 3",
+@EX_04.case("the paper's example (Fig. 6): logical 0 -> 7, 1 -> 1, 2 -> 3",
             hint="the logical block of position p is p // BS, its offset p % BS")
 def _paper(m):
     table, bs = [7, 1, 3], 4
@@ -177,8 +177,8 @@ def _padded(m):
     got = np.asarray(m.padded_block_tables(tables))
     equal(got, np.array([[5, 2, 9], [1, -1, -1], [-1, -1, -1], [4, 8, -1]], np.int32),
           "wrong padded table", dict(tables=tables))
-    equal(str(got.dtype), "int32", "block tables are int32 here, as in vLLM's kernels",
-          dict(tables=tables))
+    equal(str(got.dtype), "int32", "block tables are int32 here, as in vLLM's kernels "
+          "(csrc/attention/attention_kernels.cuh)", dict(tables=tables))
     equal(np.asarray(m.padded_block_tables([[3]], pad=0)), np.array([[3]]),
           "pad argument / single table", dict(tables=[[3]], pad=0))
 

@@ -6,7 +6,8 @@ worked examples and random steps, and replayed against the project's own ``Sched
 requests the scheduler has, and must return the decodes and prefill chunks the scheduler
 returned. The replay only builds steps where every decode fits in the budget, because there
 the two rules agree by construction (the exercise, like vLLM v1, lets the decodes that do not
-fit wait). A failing random step is given a hint that names the rule it broke.
+fit wait: vllm/v1/core/sched/scheduler.py). A failing random step is given a hint that names
+the rule it broke.
 """
 
 from __future__ import annotations

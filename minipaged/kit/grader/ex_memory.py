@@ -33,7 +33,7 @@ def _kv_models(m):
         agree(m.kv_bytes_per_token, _ref_bytes, [args], f"wrong bytes per token for {name}")
 
 
-@EX_01.case("OPT-13B on 12 GiB: the paper's ~15.7K slots",
+@EX_01.case("OPT-13B on 12 GiB: the paper's ~15.7K slots (Table 1)",
             hint="a slot holds one whole token, so only whole tokens count: integer division")
 def _opt_slots(m):
     per_token = _ref_bytes(*MODELS["OPT-13B fp16 (the paper)"])

@@ -3,7 +3,8 @@
 Exercise 10 is replayed against a reference that follows the exercise's rules 1-5 to the letter,
 so block ids, cached-token counts and the LRU queue's order must match exactly; one case replaces
 the learner's hash function with a colliding one, to show that hits check token ids (the rule
-of this exercise, as in nano-vllm; vLLM itself looks a hit up by hash alone). Exercise 11 is
+of this exercise, as in nano-vllm's nanovllm/engine/block_manager.py; vLLM itself looks a hit
+up by hash alone, vllm/v1/core/block_pool.py get_cached_block). Exercise 11 is
 compared with the rules written in its docstring on random batches.
 """
 

@@ -7,7 +7,8 @@ hash; the partly filled last block only by reference count, so the first samples
 into it get their own copy (copy-on-write) and the last one writes in place. A copy that fills
 up is hashed under its own sample's prefix, so a later request whose prompt is that sample's
 text finds it by hash. This is how vLLM v0's prefix-caching block manager combined the two
-(sharing/prefix_cache.py); vLLM v1 has no fork and runs the samples as separate requests.
+(vllm/core/block/prefix_caching_block.py; here sharing/prefix_cache.py); vLLM v1 has no fork
+and runs the samples as separate requests (vllm/v1/engine/parallel_sampling.py).
 K/V are a fixed function of each token's prefix, so every table is checked against a cold
 computation after every step, and the list of blocks findable by hash is the manager's own.
 """

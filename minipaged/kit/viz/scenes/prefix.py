@@ -5,8 +5,10 @@ starts with the same 8-token system prompt (two full blocks). The first request 
 next ones find its blocks by hash (``allocate`` returns how many prompt tokens are already
 computed) and share them. A finished request's full blocks keep their K/V and hash: free but
 cached (``○``), in least-recently-used order, until a long unrelated request needs more blocks
-than are plainly free and the allocator evicts the oldest. K/V are a fixed function of each
-token's prefix, so the log can check every table against a cold computation.
+than are plainly free and the allocator evicts the oldest (vLLM v1 does the same:
+vllm/v1/core/kv_cache_utils.py FreeKVCacheBlockQueue, vllm/v1/core/block_pool.py). K/V are a
+fixed function of each token's prefix, so the log can check every table against a cold
+computation.
 """
 
 from __future__ import annotations
