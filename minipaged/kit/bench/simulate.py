@@ -4,8 +4,8 @@ It runs the ShareGPT workload (block 16, OPT-13B memory, all requests arriving a
 preemption, the worst case) for 1K, 10K and 100K requests (--quick: 200 and 1K) and prints wall
 and CPU seconds, requests per second and decode tokens per second. The cost is linear in the
 requests: per token, one KVCacheManager.append_slot call, one scheduler loop iteration and one
-sampled token; per step, a schedule() and an update(); every few hundred steps a usage()
-snapshot. Budget: 10K requests in under 10 s on one core.
+sampled token; per step, a schedule() and an update(); every max(16, requests // 8) steps a
+usage() snapshot. Budget: 10K requests in under 10 s on one core.
 """
 
 from __future__ import annotations
