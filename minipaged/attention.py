@@ -3,8 +3,8 @@
 What this teaches (lesson 01): scaled dot-product attention as a decoder runs it. Causal with an
 offset: the T new queries are the last T of Tk positions, so query t sees keys ``0 .. Tk - T + t``
 (prefill T == Tk, decode T == 1). Grouped-query attention: query head h reads KV head
-``h // (H // Hkv)``. The online softmax (``tile=n``, ``online_step``): keys in tiles of n with a
-running max and sum, as FlashAttention and vLLM's paged kernel do.
+``h // (H // Hkv)``. The online softmax (``tile=n``, ``online_step``): tiles of n keys, a running
+max and sum, as in FlashAttention (not vLLM's paged kernel: csrc/attention/attention_kernels.cuh).
 
 Floating-point sums depend on their order, and NumPy's order on the shapes, so the oracle is three
 small kernels over head-major arrays (``_to_heads``, ``plain_softmax``, ``online_softmax``) that

@@ -5,10 +5,10 @@ exactly what its request needs. The paper's Orca baselines place reservations wi
 allocator (section 6.1); the free memory it strands between live regions is *external
 fragmentation* (section 3, Fig. 2). Read next: ``contiguous/cache.py``, which stores K/V in them.
 
-Blocks are 2**k slots at offsets that are multiples of 2**k; the block at ``off`` has one
-*buddy* at ``off ^ 2**k``, the other half of the block of order k+1. ``alloc`` halves the
-smallest free block that fits; ``free`` merges a block with its buddy while the buddy is free:
-O(log num_slots) each, with a bit mask of the orders that have a free block. ``alloc(100)`` holds
+Blocks are 2**k slots at offsets that are multiples of 2**k; the block at ``off`` has one *buddy* at
+``off ^ 2**k``, the other half of the block of order k+1. ``alloc`` halves the smallest free block
+that fits; ``free`` merges a block with its buddy while the buddy is free: O(log num_slots) each
+with a bit mask of non-empty orders, plus ``alloc``'s scan of one order's set. ``alloc(100)`` holds
 128 slots; ``exact=True`` gives the 28-slot tail back (as Linux's ``alloc_pages_exact``).
 
 Invariants (``check_invariants``; tests/test_buddy.py after every step):

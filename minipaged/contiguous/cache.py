@@ -32,7 +32,7 @@ passes its next waiting request's ``reservation_size`` as ``need``; when that on
 every free slot is external fragmentation, which is how the paper's "external fragmentation &
 others" bar fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused
 tail back, so the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps
-the power-of-two rounding (H = next_pow2(R)). Running totals make every call O(log num_slots),
+the power-of-two rounding (H = next_pow2(R)). Running totals make ``usage()`` O(log num_slots),
 for a simulator; ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 

@@ -1,12 +1,12 @@
 """Writing K/V into the pages: reshape_and_cache, copy_blocks, swap_blocks.
 
-What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books), in
-its one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous.
-The block comes first as the unit of allocation, copy and swap (one block, one memcpy); heads
-before tokens so that a decode thread block, one per (sequence, head), reads a contiguous
-[BS, D] tile. (vLLM splits the key cache's D into 16-byte vectors, ``split_kv_cache`` in
-vllm/attention/ops/paged_attn.py; the CUDA lesson says why minipaged does not.) Paper: vLLM
-sections 4.4 (copy-on-write, ``copy_blocks``) and 4.5 (swapping, ``swap_blocks``).
+What this teaches: the data side of the paged cache (``block_manager.py`` keeps the books), in its
+one layout, NumPy and CUDA alike: ``key_cache, value_cache [NB, Hkv, BS, D]``, C-contiguous. The
+block comes first as the unit of allocation, copy and swap (one block, one memcpy); heads before
+tokens so that a decode thread block, reading one KV head of a block, reads a contiguous [BS, D]
+tile. (vLLM splits the key cache's D into 16-byte vectors, ``split_kv_cache`` in
+vllm/v1/attention/ops/paged_attn.py; ``cuda/paged_attention.cu`` says why minipaged does not.)
+Paper: vLLM sections 4.4 (copy-on-write, ``copy_blocks``) and 4.5 (swapping, ``swap_blocks``).
 
 Read before: ``paged/block_manager.py``. Read next: ``paged/paged_attention.py``.
 """

@@ -3,9 +3,9 @@
 What this teaches (lesson 06; vLLM paper, section 4.5). Every step admits waiting requests
 first-come-first-served while memory allows and gives every running sequence a slot for one more
 token; when one cannot get it, the newest group is preempted, all or nothing, by swapping or (the
-default, as in recent vLLM) recomputing. Swapped groups come back before new admissions. Chunked
-prefill (Sarathi, arXiv 2308.16369; vLLM's ``enable_chunked_prefill``) caps a step's tokens and
-splits long prompts over steps, decodes first.
+default, and vLLM v1's only way: ``vllm/v1/core/sched/scheduler.py``) recomputing. Swapped groups
+come back before new admissions. Chunked prefill (Sarathi, arXiv 2308.16369; vLLM's
+``enable_chunked_prefill``) caps a step's tokens and splits long prompts over steps, decodes first.
 
 Progress is a property: a request that could not finish even alone is refused up front
 (``queues.py``; vLLM v0 checks the prompt only: ``vllm/core/scheduler.py``), so the oldest

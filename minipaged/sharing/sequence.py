@@ -2,9 +2,9 @@
 
 What this teaches: a *sequence* is one token stream (``token_ids``: the prompt plus every sampled
 token, ``num_computed`` of them with K/V in the cache); a *sequence group* is one request: its n
-samples or k beams share the prompt (paper section 4.4) and are admitted, preempted and finished
-together (section 4.5). A *prefill chunk* is the range whose K/V a step computes. The lessons'
-helpers, the scheduler, the simulator and the engine all use these classes.
+samples or k beams share the prompt (paper section 4.4) and are admitted and preempted together
+(section 4.5), each finishing on its own. A *prefill chunk* is the range whose K/V a step computes.
+The lessons' helpers, the scheduler, the simulator and the engine all use these classes.
 
 Read before: ``sharing/cow.py``. Read next: ``sharing/sampling.py``.
 """
