@@ -35,7 +35,6 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from minipaged.cuda.gpu_check import gpu_missing
 from minipaged.kit.bench import decode_case, median_time
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import paged_attention as oracle
@@ -78,6 +77,7 @@ def _copy_bandwidth(xp, timer) -> float:
 
 
 def run(args) -> int:
+    from minipaged.cuda.gpu_check import gpu_missing  # here: the CUDA package loads on use only
     from minipaged.cuda.kernels import VERSIONS
 
     console = Console()
