@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from minipaged._checks import cdiv
+from minipaged.sim import pct
 from minipaged.sim.simulator import SimConfig, simulate
 from minipaged.sim.workloads import make_workload
 
@@ -62,12 +63,6 @@ def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
             "threshold_s_per_token": factor * base,
             "saturated_throughput_req_per_s": sat.throughput_requests_per_s,
             "saturated_avg_batch_size": sat.avg_batch_size}
-
-
-def pct(x: float | None) -> str:
-    """A fraction as a percentage with one decimal (None: "-"): the one format of every table
-    of the simulator and the quiz."""
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:

@@ -22,7 +22,7 @@ from minipaged.kit.cli.args import (
 )
 from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, table, write_json
 from minipaged.serving.memory_policy import POLICY_NAMES
-from minipaged.sim.experiments import pct
+from minipaged.sim import pct
 from minipaged.sim.memory import PRESETS
 
 # ---- simulate ----------------------------------------------------------------------------------

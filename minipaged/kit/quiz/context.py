@@ -23,8 +23,12 @@ import numpy as np
 
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import CLAIMS
-from minipaged.sim import experiments, simulator, workloads
-from minipaged.sim.experiments import pct  # the one percentage format (re-exported)
+from minipaged.sim import (
+    experiments,
+    pct,  # the one percentage format (re-exported)
+    simulator,
+    workloads,
+)
 
 # The canonical run configuration (see the module docstring).
 CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
