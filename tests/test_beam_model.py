@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minipaged.kit.quiz.context import canonical
 from minipaged.sim.cost import CostModel
-from minipaged.sim.executor import SimExecutor
+from minipaged.sim.executor import VOCAB, SimExecutor, _mix, _mix_in
 from minipaged.sim.experiments import PAPER_FIG15_ALPACA
 from minipaged.sim.memory import preset
 from minipaged.sim.simulator import SimConfig, simulate
@@ -29,6 +31,28 @@ COST = CostModel.for_preset(preset("opt-13b"))
 def _parents(d: float, k: int, steps: int = 4000, seed: int = 0) -> list[list[int]]:
     ex = SimExecutor(COST, 1, seed, beam_displaced=d)
     return [[p for p, _ in ex.beam_step(7, pos, k, k)] for pos in range(steps)]
+
+
+def _beam_step_by_definition(ex: SimExecutor, order: int, pos: int, k: int, num_beams: int):
+    """The rule of ``beam_step``'s docstring with the hash helpers called, not written out."""
+    out = []
+    for j in range(k):
+        h = _mix(ex.seed, order, pos, j)
+        parent = h % num_beams
+        u = (_mix_in(h, 1) >> 11) / float(1 << 53)
+        if j < num_beams and u >= ex.beam_displaced / num_beams:
+            parent = j
+        out.append((parent, (h >> 20) % VOCAB + 1))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 10**6), st.integers(0, 4096),
+       st.integers(1, 8), st.integers(1, 8), st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+def test_beam_step_is_its_definition(seed, order, pos, k, num_beams, d):
+    ex = SimExecutor(COST, 1, seed, beam_displaced=d)
+    assert ex.beam_step(order, pos, k, num_beams) == _beam_step_by_definition(
+        ex, order, pos, k, num_beams)
 
 
 def test_no_displacement_keeps_every_lineage():

@@ -91,14 +91,20 @@ class SimExecutor:
         Fig. 15. d = k is the fully random choice (every parent drawn uniformly), which merges
         lineages faster and overshoots the paper at width 6 (about 69% saved against 55.2%).
         At the first step there is one beam, the prompt, and every new beam extends it."""
+        # The two hash rounds of each new beam, _mix_in(h_step, j) and _mix_in(h, 1), are written
+        # out in the loop: calling _mix_in was a tenth of ``simulate --num-requests 10000
+        # --beam-width 4`` (sampled profile), whose budget is 60 s. test_beam_model.py checks
+        # the loop against the definition, _mix(seed, order, pos, j).
         h_step = _mix(self.seed, order, pos)
+        p_displaced = self.beam_displaced / num_beams
         out = []
         for j in range(k):
-            h = _mix_in(h_step, j)  # = _mix(seed, order, pos, j)
+            h = ((h_step ^ j) * 0xBF58476D1CE4E5B9) & _MASK64  # h = _mix_in(h_step, j)
+            h ^= h >> 31
             parent = h % num_beams  # displaced (or a beam beyond the current ones)
             if j < num_beams:
-                u = (_mix_in(h, 1) >> 11) / float(1 << 53)  # uniform in [0, 1)
-                if u >= self.beam_displaced / num_beams:
+                u = ((h ^ 1) * 0xBF58476D1CE4E5B9) & _MASK64  # u = _mix_in(h, 1)
+                if ((u ^ (u >> 31)) >> 11) / 2.0 ** 53 >= p_displaced:  # uniform in [0, 1)
                     parent = j
             out.append((parent, (h >> 20) % VOCAB + 1))
         return out
