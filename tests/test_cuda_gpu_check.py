@@ -56,3 +56,18 @@ def test_the_checks_themselves_run_on_the_cpu_harness(monkeypatch):
     assert [k for k, r in limits.items() if r["launched"]] == [
         "11600 tokens, version=1", "12200 tokens, version=1", "60000 tokens, version=None",
         "S=300 rows"]
+
+
+def test_copy_bandwidth_counts_each_byte_read_and_written():
+    """The one denominator of "% of copy bandwidth" (gpu-check and bench kernel): a copy of N
+    bytes in t seconds moves 2N / t, so a kernel reading at the copy's pace scores 50%, not 100%."""
+    calls = []
+
+    def timer(fn, repeats):
+        fn()
+        calls.append(repeats)
+        return 0.25
+
+    n_bytes = (1 << 25) * 4  # the host copy: 128 MiB of float32
+    assert gpu_check.copy_bandwidth(np, timer) == 2 * n_bytes / 0.25
+    assert calls == [10]

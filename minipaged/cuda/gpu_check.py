@@ -149,17 +149,24 @@ def device_time(fn, repeats: int = 20) -> float:
     return float(np.median(times))
 
 
+def copy_bandwidth(xp, timer) -> float:
+    """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write (1 GiB
+    of float32 on a GPU, 128 MiB in RAM): the memory system's practical peak, the denominator of
+    every "% of copy bandwidth" that ``gpu-check`` and ``bench kernel`` print. A kernel that
+    reads N bytes in t seconds moves N / t of it; a copy moves each byte twice."""
+    src = xp.ones(1 << 25 if xp is np else 1 << 28, xp.float32)
+    dst = xp.empty_like(src)
+    return 2 * src.nbytes / timer(lambda: xp.copyto(dst, src), 10)
+
+
 def bandwidth(rng, s=32, h=32, hkv=8, d=128, bs=16, ctx=4096) -> dict:
     import cupy
 
     _, dev = _case(rng, "float16", s, h, hkv, d, bs, [ctx] * s, cupy.asarray)
-    kc, vc = dev[1], dev[2]
     kv_bytes = 2 * s * hkv * ctx * d * 2  # what attention must read (the pool has 3 spare blocks)
-    dst_k, dst_v = cupy.empty_like(kc), cupy.empty_like(vc)
-    copy_t = device_time(lambda: (cupy.copyto(dst_k, kc), cupy.copyto(dst_v, vc)))
-    copy_bps = (kc.nbytes + vc.nbytes) / copy_t
+    copy_bps = copy_bandwidth(cupy, device_time)
     out = {"shape": f"S={s} H={h} Hkv={hkv} D={d} BS={bs} fp16 ctx={ctx}",
-           "copy_read_GBps": copy_bps / 1e9, "versions": {}}
+           "copy_GBps": copy_bps / 1e9, "versions": {}}
     for v in kernels.VERSIONS:
         run = launch.prepare_paged_attention(*dev, backend="cupy", version=v)
         t = device_time(run, 3 if v == 0 else 20)
@@ -215,7 +222,7 @@ def main(out: str = "gpu-check.json") -> int:
           f"cache kernels exact: {report['cache_kernels_exact']}")
     for key, r in report["limits"].items():
         print(f"  {key}: {r}")
-    print(f"{b['shape']}: copy reads {b['copy_read_GBps']:.0f} GB/s")
+    print(f"{b['shape']}: copy bandwidth {b['copy_GBps']:.0f} GB/s (read + write)")
     for v, r in b["versions"].items():
         print(f"  v{v}: {r['ms']:.3f} ms, {r['kv_read_GBps']:.0f} GB/s, "
               f"{100 * r['fraction_of_copy']:.0f}% of copy")

@@ -68,16 +68,9 @@ def _check(console, xp, args) -> bool:
     return ok
 
 
-def _copy_bandwidth(xp, timer) -> float:
-    """Bytes per second of a large device-to-device (or RAM-to-RAM) copy, read + write: 1 GiB
-    of float32 on a GPU, 128 MiB in RAM."""
-    src = xp.ones(1 << 25 if xp is np else 1 << 28, xp.float32)
-    dst = xp.empty_like(src)
-    return 2 * src.nbytes / timer(lambda: xp.copyto(dst, src), 10)
-
-
 def run(args) -> int:
-    from minipaged.cuda.gpu_check import gpu_missing  # here: the CUDA package loads on use only
+    # here, not at the top: the CUDA package loads when the command runs
+    from minipaged.cuda.gpu_check import copy_bandwidth, gpu_missing
     from minipaged.cuda.kernels import VERSIONS
 
     console = Console()
@@ -113,7 +106,7 @@ def run(args) -> int:
     if not _check(console, xp, args):
         console.print("[red]the kernel disagrees with the oracle: not timing a wrong answer[/]")
         return 1
-    copy_bw = _copy_bandwidth(xp, timer)
+    copy_bw = copy_bandwidth(xp, timer)
     console.print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
 
     t = table(f"decode attention, S={s} H={H} Hkv={Hkv} D={D} BS={BS} {args.dtype}, "
