@@ -529,3 +529,18 @@ def test_an_interrupted_first_forward_pass_leaves_no_stale_prefix_cache_hit(mode
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
     for o in outs:
         assert o.outputs[0].token_ids == reference[o.prompt].token_ids
+
+
+def test_the_pool_size_rule_and_its_note(model):
+    """pool.py's rule, as the LLM docstring states it: given blocks win; a budget buys what it
+    holds; a model object with neither gets 256 blocks, and the note says why."""
+    from minipaged.model.engine import LLM
+
+    assert LLM(model, num_blocks=12).pool_note.endswith("(given)")
+    llm = LLM(model)
+    assert llm.num_blocks == 256 and "the default for a model object" in llm.pool_note
+    c = model.cfg
+    per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4
+    llm = LLM(model, kv_cache_gb=0.01, block_size=16)
+    assert llm.num_blocks == int(0.01 * (1 << 30)) // per_token // 16
+    assert f"{per_token:,} B per token" in llm.pool_note

@@ -69,7 +69,8 @@ class LLM:
 
     model                     a Decoder, a Hugging Face model directory (hf.py), or None
     num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
-                              what kv_cache_gb GiB hold, or 256 for the tiny model (pool.py)
+                              what kv_cache_gb GiB hold; with neither, 1 GiB for a directory
+                              and 256 blocks for a model object (pool.py)
     enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)

@@ -16,14 +16,17 @@ DEFAULT_KV_CACHE_GB = 1.0
 
 def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float | None,
               from_dir: bool) -> tuple[int, str]:
-    """(num_blocks, a line saying how): ``num_blocks`` when given; 256 for the tiny model unless
-    a budget is given; else what ``kv_cache_gb`` GiB hold (1 GiB by default)."""
+    """(num_blocks, a line saying how): ``num_blocks`` when given; else what ``kv_cache_gb`` GiB
+    hold; with neither, 1 GiB for a model loaded ``from_dir`` (a Hugging Face folder) and 256
+    blocks for a model passed as an object (the bundled tiny model, a Decoder built in code, or
+    one already loaded with ``hf.load_hf``: pass ``kv_cache_gb`` to size that one by budget)."""
     from minipaged.sim.memory import GiB, GPUSpec, MemoryPreset, ModelSpec, kv_calc
 
     if num_blocks is not None:
         return num_blocks, f"KV pool: {num_blocks} blocks of {block_size} (given)"
     if kv_cache_gb is None and not from_dir:
-        return 256, f"KV pool: 256 blocks of {block_size} (the tiny model's default)"
+        return 256, (f"KV pool: 256 blocks of {block_size} (the default for a model object; "
+                     "num_blocks or kv_cache_gb sets it)")
     gb = DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb
     if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
         raise ValueError(f"kv_cache_gb must be a number > 0 (GiB), got {gb!r}")

@@ -201,7 +201,7 @@ def generate(args) -> int:
         kv = (pools * 2 * c.n_layers * c.n_kv_heads * c.head_dim * args.block_size
               * next(model.parameters()).element_size())
         # With --model, LLM gets the loaded model, not its folder: give it the folder's default
-        # budget (1 GiB, as --help says) instead of the tiny model's 256 blocks.
+        # budget (1 GiB, as --help says) instead of a model object's 256 blocks.
         kv_cache_gb = args.kv_cache_gb
         if kv_cache_gb is None and args.model is not None:
             kv_cache_gb = DEFAULT_KV_CACHE_GB
