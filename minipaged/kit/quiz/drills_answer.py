@@ -66,8 +66,9 @@ def follow_up_1(ctx: Context) -> Answer:
         "One int32 entry per logical block: ceil(128K / 16) = 8192 entries. No status bits are "
         "needed (how full the last block is follows from seq_len). Next to the KV cache itself the "
         "table is negligible, which is why engines keep it flat: vLLM v1 holds one persistent, "
-        "zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] "
-        "(vllm/v1/worker/block_table.py). Optimisations if it ever mattered: int16 entries while "
+        "zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)], the width rounded up to "
+        "whole 128-token groups of blocks in vLLM 0.32 (vllm/v1/worker/block_table.py, "
+        "get_block_table_width). Optimisations if it ever mattered: int16 entries while "
         "NB < 32768 (half the bytes), larger blocks, or a two-level table, which saves memory only "
         "for short sequences in a table sized for the longest context.",
         figures=[

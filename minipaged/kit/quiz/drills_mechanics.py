@@ -102,8 +102,9 @@ def table_to_kernel(ctx: Context) -> Answer:
         "[T] for the new tokens. minipaged builds the table per step, padded with -1 to the "
         "batch's longest table (KVCacheManager.block_tables); vLLM v1 keeps one persistent, "
         "zero-filled int32 table [max_num_reqs, cdiv(max_model_len, BS)] in its model runner and "
-        "updates rows in place (vllm/v1/worker/block_table.py); v0 padded with 0, to a fixed width "
-        "under CUDA graphs (vllm/worker/model_runner.py). The table stays flat because it is "
+        "updates rows in place (vllm/v1/worker/block_table.py; vLLM 0.32 rounds the width up to "
+        "whole 128-token groups of blocks, get_block_table_width); v0 padded with 0, to a fixed "
+        "width under CUDA graphs (vllm/worker/model_runner.py). The table stays flat because it is "
         "small, not because of how it is padded: the kernel reads row s, entry i for KV block i "
         "and never past seq_len, so the padding value does not matter, and the copy is tiny next "
         "to the KV the step reads.",
