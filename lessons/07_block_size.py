@@ -50,7 +50,9 @@ console.print(t)
 # One int32 entry per logical block: ceil(context / BS) x 4 bytes per request. That is tiny
 # next to the K/V it points at (8 KiB of table for 25 GiB of OPT-13B K/V at 32K tokens).
 # The interview answer claims "about 0.5 GB per 1000 requests at 32K tokens" and "64 KB per request
-# at 128K": the arithmetic says otherwise (lesson 10 checks every such claim).
+# at 128K": the arithmetic says otherwise (lesson 10 checks every such claim). Exercise 12
+# converts this flat, padded table to FlashInfer's CSR page table (`kv_indptr`, `kv_indices`,
+# `kv_last_page_len`) and back; exercise 13 measures a two-level table against it.
 
 # %%
 t = Table(title="block table bytes (int32 entries)", title_justify="left")
