@@ -27,7 +27,8 @@
 # so that under GQA every K/V byte is read once (when H/Hkv <= 8), not H/Hkv times. Every
 # version is checked against the NumPy oracle, and the later ones against v0.
 #
-# Code: `minipaged/cuda/` (start with paged_attention.cu). Paper: vLLM section 4.1.
+# Code: `minipaged/cuda/`: paged_attention_v0.cu (version 0), paged_attention.cu (versions 1 to
+# 4, with the napkin math), paged_attention_reduce.cu (v2/v4's merge). Paper: vLLM section 4.1.
 # Next: lesson 09 (a model end to end).
 
 # %%

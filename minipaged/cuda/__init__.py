@@ -7,7 +7,8 @@ paged_attention.py, method="online") written as CUDA kernels. One .cu text, two 
     backend="cpu"   g++ compiles the same text against emu/cuda_emu.h, which emulates threads,
                     warps, shuffles, barriers and shared memory with fibers (what CI runs)
 
-Files, in reading order: paged_attention.cu (versions 0 to 4), cache_kernels.cu, common.cuh,
+Files, in reading order: paged_attention_v0.cu (version 0), paged_attention.cu (versions 1 to
+4), paged_attention_reduce.cu (the partitioned versions' merge), cache_kernels.cu, common.cuh,
 kernels.py (what is compiled), checks.py (what a launch trusts, which version runs),
 cache_checks.py, launch.py, cpu_runner.py and cupy_runner.py (the two runners), report.py
 (registers and spills from NVRTC), gpu_check.py (`minipaged gpu-check`). The CPU harness is a

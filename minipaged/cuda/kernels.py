@@ -29,7 +29,8 @@ CACHE_THREADS = 256         # threads per block of the cache kernels (at most)
 GQA_GROUP = 8               # query heads one block of versions 3 and 4 computes (at most)
 GROUPS = {1: 1, 2: 1, 3: GQA_GROUP, 4: GQA_GROUP}  # the kernel's GROUP, per version
 
-# The versions of paged_attention.cu, climbing from the naive one.
+# The versions of the attention kernel (paged_attention_v0.cu, paged_attention.cu), climbing
+# from the naive one.
 VERSIONS = {
     0: "naive: one thread per (sequence, head)",
     1: "one thread block per (head, sequence), the whole context in one pass",
@@ -38,7 +39,8 @@ VERSIONS = {
     4: "one thread block per (KV head, sequence, partition) for all its query heads, + reduce",
 }
 
-KERNEL_FILES = ("paged_attention.cu", "cache_kernels.cu")
+KERNEL_FILES = ("paged_attention_v0.cu", "paged_attention.cu", "paged_attention_reduce.cu",
+                "cache_kernels.cu")
 Instantiation = tuple[str, int, int]  # (dtype, head size, block size)
 ALL_INSTANTIATIONS: tuple[Instantiation, ...] = tuple(
     (dt, d, bs) for dt in DTYPES for d in HEAD_SIZES for bs in BLOCK_SIZES)

@@ -3,7 +3,9 @@
 // Where this sits: the last stage of the course. minipaged/paged/paged_attention.py computes the
 // same thing in NumPy with method="online"; this file is that walk over the block table,
 // written for CUDA threads. Paper: vLLM (Kwon et al., SOSP 2023) section 4.1 and Fig. 18a; GQA:
-// Ainslie et al., EMNLP 2023. Read next: cache_kernels.cu, then kernels.py.
+// Ainslie et al., EMNLP 2023. The climb is three files: paged_attention_v0.cu (version 0, read
+// it first), this one (versions 1 to 4), paged_attention_reduce.cu (the partitions' merge).
+// Read next: paged_attention_reduce.cu, then cache_kernels.cu and kernels.py.
 //
 // Compile (the same text, three compilers; common.cuh has the few lines that differ):
 //   nvcc   python -c "from minipaged.cuda import kernels; print(kernels.nvcc_source())" > k.cu
@@ -63,53 +65,6 @@
 #include "common.cuh"
 
 namespace mp {
-
-// Version 0: one thread computes one query head of one sequence, alone. Grid: (ceil(S*H / NT));
-// block: NT threads, thread i of the grid takes row i = seq * H + head. No shared memory, no
-// shuffles, no barriers: it is attention.py's online softmax (lesson 01) written in C. A thread
-// cannot keep D accumulators in registers for D=128 beside everything else without spilling, so
-// it makes D/DIMS passes over the sequence, each producing DIMS output dimensions (and
-// recomputing every logit): simple, and slow on purpose.
-template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE>
-__global__ void paged_attention_v0_kernel(
-    scalar_t* __restrict__ out,               // [S, H, D]
-    const scalar_t* __restrict__ q,           // [S, H, D]
-    const scalar_t* __restrict__ k_cache,     // [NB, Hkv, BS, D]
-    const scalar_t* __restrict__ v_cache,     // [NB, Hkv, BS, D]
-    const int* __restrict__ block_tables,     // [S, MB]
-    const int* __restrict__ seq_lens,         // [S]
-    int num_seqs, int num_heads, int num_kv_heads, int max_num_blocks_per_seq, float scale) {
-  constexpr int DIMS = HEAD_SIZE < 32 ? HEAD_SIZE : 32;  // output dimensions per pass
-  const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // seq * H + head
-  if (row >= (long long)num_seqs * num_heads) return;  // the last block's spare threads
-  const int seq = (int)(row / num_heads), head = (int)(row % num_heads);
-  const int kv_head = head / (num_heads / num_kv_heads);
-  const int seq_len = seq_lens[seq];
-  const int* table = block_tables + (long long)seq * max_num_blocks_per_seq;
-  const scalar_t* q_row = q + row * HEAD_SIZE;
-
-  for (int d0 = 0; d0 < HEAD_SIZE; d0 += DIMS) {
-    float m = MP_NEG_INFINITY, l = 0.f, acc[DIMS];  // running max, running sum, output
-    for (int j = 0; j < DIMS; j++) acc[j] = 0.f;
-    for (int t = 0; t < seq_len; t++) {
-      // token t lives in physical block table[t / BS], slot t % BS
-      const long long base =
-          (((long long)table[t / BLOCK_SIZE] * num_kv_heads + kv_head) * BLOCK_SIZE +
-           t % BLOCK_SIZE) * HEAD_SIZE;
-      float x = 0.f;
-      for (int d = 0; d < HEAD_SIZE; d++) x += to_float(q_row[d]) * to_float(k_cache[base + d]);
-      x *= scale;
-      // online softmax: rescale what we have when the max grows, then add this token
-      const float m_new = fmaxf(m, x);
-      const float correction = expf(m - m_new), p = expf(x - m_new);
-      l = l * correction + p;
-      for (int j = 0; j < DIMS; j++)
-        acc[j] = acc[j] * correction + p * to_float(v_cache[base + d0 + j]);
-      m = m_new;
-    }
-    for (int j = 0; j < DIMS; j++) store(out + row * HEAD_SIZE + d0 + j, acc[j] / l);
-  }
-}
 
 // Versions 1-4: one thread block computes up to GROUP query heads (all sharing KV head
 // `kv_head`) of one sequence (of one partition: v2, v4). Grid: (Hkv * ceil(G / GROUP), S, P),
@@ -323,44 +278,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 4) paged_attention_kernel(
       max_logits[row * max_num_partitions + partition] = head_max<NUM_WARPS>(max_s[g]);
       exp_sums[row * max_num_partitions + partition] = total;
     }
-  }
-}
-
-// The reduce kernel of v2 and v4: combine the partitions of one (head, sequence).
-// Partition p computed o_p = sum_t exp(l_t - m_p) v_t / s_p with s_p = sum_t exp(l_t - m_p).
-// With M = max_p m_p and w_p = s_p * exp(m_p - M), the full softmax output is
-// sum_p w_p o_p / sum_p w_p. Grid: (H, S); dynamic shared memory: P floats (the weights w_p).
-template <typename scalar_t, int HEAD_SIZE, int NUM_THREADS, int PARTITION_SIZE>
-__global__ void __launch_bounds__(NUM_THREADS) paged_attention_v2_reduce_kernel(
-    scalar_t* __restrict__ out,               // [S, H, D]
-    const float* __restrict__ exp_sums,       // [S, H, P]
-    const float* __restrict__ max_logits,     // [S, H, P]
-    const float* __restrict__ tmp_out,        // [S, H, P, D]
-    const int* __restrict__ seq_lens,         // [S]
-    int max_num_partitions) {
-  const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
-  const int num_partitions = (seq_lens[seq] + PARTITION_SIZE - 1) / PARTITION_SIZE;
-  const long long row = (long long)seq * num_heads + head;
-  const float* m = max_logits + row * max_num_partitions;
-  const float* s = exp_sums + row * max_num_partitions;
-  MP_DYNAMIC_SHARED(smem);
-  float* weights = reinterpret_cast<float*>(smem);  // [P]
-
-  // A few dozen partitions (64 at 32K tokens): every thread scans them all (no reduction tree
-  // needed, and every thread sees the same M and the same total, bit for bit).
-  float global_max = MP_NEG_INFINITY;
-  for (int p = 0; p < num_partitions; p++) global_max = fmaxf(global_max, m[p]);
-  for (int p = threadIdx.x; p < num_partitions; p += NUM_THREADS)
-    weights[p] = s[p] * expf(m[p] - global_max);
-  __syncthreads();
-  float total = 0.f;
-  for (int p = 0; p < num_partitions; p++) total += weights[p];
-  const float inv_total = 1.f / total;
-  for (int d = threadIdx.x; d < HEAD_SIZE; d += NUM_THREADS) {
-    float acc = 0.f;
-    for (int p = 0; p < num_partitions; p++)
-      acc += weights[p] * tmp_out[(row * max_num_partitions + p) * HEAD_SIZE + d];
-    store(out + row * HEAD_SIZE + d, acc * inv_total);
   }
 }
 
