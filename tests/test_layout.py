@@ -131,8 +131,10 @@ def test_core_budgets():
     assert sum(lines.values()) <= 3050, f"core path is {sum(lines.values())} lines (> 3,050)"
 
 
-def test_no_python_file_in_the_package_is_over_300_lines():
-    # One concept per file: a module that outgrows 300 lines is split by topic.
-    lines = {str(p.relative_to(PKG)): len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
+def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
+    # One concept per file: a module or kernel source that outgrows 300 lines is split by topic.
+    # (The CPU emulation harness, cuda/emu/, is a tool and is not counted.)
+    sources = [*PKG.rglob("*.py"), *(PKG / "cuda").glob("*.cu"), *(PKG / "cuda").glob("*.cuh")]
+    lines = {str(p.relative_to(PKG)): len(p.read_text().splitlines()) for p in sources}
     too_long = {rel: n for rel, n in lines.items() if n > 300}
     assert not too_long, f"package files over 300 lines: {too_long}"
