@@ -60,14 +60,16 @@ def chunked_prefill(ctx: Context) -> Answer:
         "and what is left goes to the next chunk of the waiting prompts, so chunks and decodes "
         "share one forward pass (vllm/v1/core/sched/scheduler.py, schedule). A long prompt no "
         "longer stalls the requests that are decoding. Lesson 11 teaches it on minipaged's "
-        "scheduler (SchedulerConfig(chunked_prefill=True)); exercise 14 has you write the step.",
+        "scheduler (SchedulerConfig(chunked_prefill=True)), lesson 12 what it buys in time; "
+        "exercise 14 has you write the step.",
         figures=[
             ("budget 8, A and B decoding, L's 22-token prompt arrives: first mixed step",
              f"{d} decodes + {p} prefill tokens"),
             ("longest gap between two of A's tokens: chunked / v0-style steps",
              f"{gap[True]} / {gap[False]} steps"),
         ],
-        commands=["python lessons/11_chunked_prefill.py", "minipaged check 14"])
+        commands=["python lessons/11_chunked_prefill.py",
+                  "python lessons/12_chunked_prefill_latency.py", "minipaged check 14"])
 
 
 def capture_sizes(max_size: int = 512) -> list[int]:
