@@ -19,6 +19,23 @@ from minipaged.paged.block_allocator import OutOfBlocksError
 HKV, D = 2, 4
 
 
+def usage_by_slot(c: ContiguousKVCache, need: int | None = None) -> KVUsage:
+    """The oracle for ``usage``: the definition slot by slot. Each slot of the arena is painted
+    with its category (a request's slots: n token, then F - n reserved, then H - F internal; a
+    free block's slots: free if the block could hold a region of ``need``, else external)."""
+    need = c.max_seq_len if need is None else need
+    paint = np.full(c.num_slots, "", dtype=object)
+    for sid in c.seq_ids:
+        r = c.reservation(sid)
+        paint[r.offset:r.offset + r.num_tokens] = "token"
+        paint[r.offset + r.num_tokens:r.offset + r.final_len] = "reserved"
+        paint[r.offset + r.final_len:r.offset + r.held] = "internal_fragmentation"
+    for off, n in c.allocator.free_blocks():
+        paint[off:off + n] = "free" if n >= next_pow2(need) else "external_fragmentation"
+    assert (paint != "").all(), "a slot is neither held nor free"
+    return KVUsage(total=c.num_slots, **{cat: int((paint == cat).sum()) for cat in CATEGORIES})
+
+
 def kv_data(rng: np.random.Generator, t: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     return (rng.standard_normal((t, HKV, D)).astype(dtype),  # [T, Hkv, D]
             rng.standard_normal((t, HKV, D)).astype(dtype))
@@ -140,7 +157,7 @@ def test_release_everything_restores_the_arena():
         c.release(i)
     assert c.allocator.free_blocks() == [(0, 512), (512, 256), (768, 128), (896, 64), (960, 32),
                                          (992, 8)]
-    assert c.usage() == c.usage_slow()
+    assert c.usage() == usage_by_slot(c)
 
 
 # ---- bad inputs ---------------------------------------------------------------------------------
@@ -281,9 +298,8 @@ class CacheMachine(RuleBasedStateMachine):
     Invariants (prose; each asserted below after every step):
       - no two reservations overlap; each holds at least its policy's size;
       - free + allocated = total: num_free + sum(held) == num_slots;
-      - the usage categories add up to num_slots (KVUsage checks it), and the running totals
-        agree with a recount from every reservation and free block (usage_slow), for several
-        region sizes ``need``;
+      - the usage categories add up to num_slots (KVUsage checks it) and agree with the
+        definition painted slot by slot (usage_by_slot), for several region sizes ``need``;
       - token = tokens written, reserved = sum(final_len - tokens), both >= 0;
       - the K/V of every live request read back exactly as written: an operation on one
         request never changes another's;
@@ -347,7 +363,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert c.num_free + sum(h for _, h in regions) == c.num_slots
         for need in {None, 1, self.msl, c.num_slots}:
             u = c.usage(need)
-            assert u == c.usage_slow(need)
+            assert u == usage_by_slot(c, need)
             assert sum(getattr(u, cat) for cat in CATEGORIES) == c.num_slots
         assert sum(c.breakdown().values()) == c.num_slots
         assert c.usage().token == sum(len(k) for k, _ in self.expect.values())

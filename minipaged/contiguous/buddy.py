@@ -7,9 +7,10 @@ fragmentation* (section 3, Fig. 2). Read next: ``contiguous/cache.py``, which st
 
 Blocks are 2**k slots at offsets that are multiples of 2**k; the block at ``off`` has one *buddy* at
 ``off ^ 2**k``, the other half of the block of order k+1. ``alloc`` halves the smallest free block
-that fits; ``free`` merges a block with its buddy while the buddy is free: O(log num_slots) each
-with a bit mask of non-empty orders, plus ``alloc``'s scan of one order's set. ``alloc(100)`` holds
-128 slots; ``exact=True`` gives the 28-slot tail back (as Linux's ``alloc_pages_exact``).
+that fits; ``free`` merges a block with its buddy while the buddy is free: a scan of the
+log2(num_slots) orders each, plus ``alloc``'s scan of one order's set for its lowest offset.
+``alloc(100)`` holds 128 slots; ``exact=True`` gives the 28-slot tail back (as Linux's
+``alloc_pages_exact``).
 
 Invariants (``check_invariants``; tests/test_buddy.py after every step):
   1. every slot is in exactly one live allocation or one free block;
@@ -52,7 +53,6 @@ class BuddyAllocator:
         self.num_slots = check_int("num_slots", num_slots, low=1)
         self.max_order = self.num_slots.bit_length() - 1  # largest block: 2**max_order slots
         self._free: list[set[int]] = [set() for _ in range(self.max_order + 1)]  # per order
-        self._mask = 0  # bit k set <=> some free block of order k
         self._live: dict[int, int] = {}  # offset -> slots held by that allocation
         self._freed: set[int] = set()  # offsets freed and not re-used: to name a double free
         self.num_free = 0
@@ -65,14 +65,11 @@ class BuddyAllocator:
     # ---- free lists ---------------------------------------------------------------------------
     def _push(self, off: int, k: int) -> None:
         self._free[k].add(off)
-        self._mask |= 1 << k
         self.num_free += 1 << k
 
     def _remove(self, off: int, k: int) -> None:
         self._free[k].remove(off)
         self.num_free -= 1 << k
-        if not self._free[k]:
-            self._mask &= ~(1 << k)
 
     def _free_block(self, off: int, k: int) -> None:
         """Give back the aligned block (off, order k), merging with free buddies upwards."""
@@ -100,18 +97,21 @@ class BuddyAllocator:
                              f"num_slots={self.num_slots} is {1 << self.max_order}")
         return k
 
+    def _smallest_fit(self, k: int) -> int | None:
+        """The smallest order >= k with a free block (split as little as possible), or None."""
+        return next((j for j in range(k, self.max_order + 1) if self._free[j]), None)
+
     def can_alloc(self, size: int) -> bool:
         """True when ``alloc(size)`` would succeed now (same answer with or without exact)."""
-        return self._mask >> self._order_for(size) != 0
+        return self._smallest_fit(self._order_for(size)) is not None
 
     def alloc(self, size: int, *, exact: bool = False) -> int:
         """The offset of one contiguous region: a whole block of ``next_pow2(size)`` slots, or
         exactly ``size`` slots when ``exact``. OutOfMemoryError (nothing changed) if none fits."""
         k = self._order_for(size)
-        fit = self._mask >> k << k  # orders >= k that have a free block
-        if not fit:
+        j = self._smallest_fit(k)
+        if j is None:
             raise OutOfMemoryError(size, self.largest_free(), self.num_free)
-        j = (fit & -fit).bit_length() - 1  # the smallest such order: split as little as possible
         off = min(self._free[j])
         self._remove(off, j)
         while j > k:  # split: keep the lower half, the upper half (its buddy) becomes free
@@ -151,7 +151,7 @@ class BuddyAllocator:
 
     def largest_free(self) -> int:
         """Size of the largest free block: the largest region one ``alloc`` can get now."""
-        return 1 << (self._mask.bit_length() - 1) if self._mask else 0
+        return max((1 << k for k, offs in enumerate(self._free) if offs), default=0)
 
     def usable_free(self, size: int) -> int:
         """Free slots in blocks large enough for a region of ``size``; the other free slots are
@@ -178,8 +178,6 @@ class BuddyAllocator:
                     raise AssertionError(f"free block ({off}, order {k}) is misaligned")
                 if k < self.max_order and (off ^ (1 << k)) in offs:
                     raise AssertionError(f"free block ({off}, order {k}) and its buddy unmerged")
-            if bool(offs) != bool(self._mask >> k & 1):
-                raise AssertionError(f"order {k}: the non-empty mask bit is wrong")
         if (owner == 0).any():
             raise AssertionError(f"slot {int(np.argmin(owner))} is neither free nor allocated")
         if int((owner == 2).sum()) != self.num_free:

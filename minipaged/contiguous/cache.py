@@ -32,8 +32,9 @@ passes its next waiting request's ``reservation_size`` as ``need``; when that on
 every free slot is external fragmentation, which is how the paper's "external fragmentation &
 others" bar fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused
 tail back, so the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps
-the power-of-two rounding (H = next_pow2(R)). Running totals make ``usage()`` O(log num_slots),
-for a simulator; ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
+the power-of-two rounding (H = next_pow2(R)). ``usage()`` recounts the live requests on every
+call, O(requests + log num_slots): running totals measured no faster in the experiments that
+sample it. ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
@@ -92,8 +93,6 @@ class ContiguousKVCache:
             self.key_arena = np.zeros(shape, self.dtype)
             self.value_arena = np.zeros(shape, self.dtype)
         self._seqs: dict[Hashable, Reservation] = {}
-        # Running sums over live requests of n, F, R and H, so usage() need not loop.
-        self._sum_tokens = self._sum_final = self._sum_size = self._sum_held = 0
 
     # ---- policy -------------------------------------------------------------------------------
     def reservation_size(self, prompt_len: int, final_len: int) -> int:
@@ -125,9 +124,6 @@ class ContiguousKVCache:
                                    f" reserving seq_id={seq_id!r} (policy {self.policy})") from None
         held = self.allocator.held(offset)
         self._seqs[seq_id] = Reservation(offset, prompt_len, final_len, size, held)
-        self._sum_final += final_len
-        self._sum_size += size
-        self._sum_held += held
         return offset
 
     # ---- tokens -------------------------------------------------------------------------------
@@ -144,7 +140,6 @@ class ContiguousKVCache:
                 f"{verb}(seq_id={seq_id!r}) of {t} tokens would make {r.num_tokens + t} tokens, "
                 f"beyond its final_len={r.final_len} (the length its reservation was made for)")
         r.num_tokens += t
-        self._sum_tokens += t
 
     def write(self, seq_id: Hashable, key: np.ndarray, value: np.ndarray) -> None:
         """Append T tokens' K and V (each [T, Hkv, D], the cache's dtype) after the ones there."""
@@ -191,10 +186,6 @@ class ContiguousKVCache:
         r = self._get(seq_id)
         self.allocator.free(r.offset)
         del self._seqs[seq_id]
-        self._sum_tokens -= r.num_tokens
-        self._sum_final -= r.final_len
-        self._sum_size -= r.size
-        self._sum_held -= r.held
 
     # ---- inspection ---------------------------------------------------------------------------
     @property
@@ -223,33 +214,22 @@ class ContiguousKVCache:
     def breakdown(self, need: int | None = None) -> dict[str, int]:
         """``usage`` with internal fragmentation split in two: ``internal_policy`` (R - F) and
         ``internal_rounding`` (H - R). The six counts add up to num_slots."""
-        usable = self._usable(need)
+        rs, usable = self._seqs.values(), self._usable(need)
         return {
-            "token": self._sum_tokens,
-            "reserved": self._sum_final - self._sum_tokens,
-            "internal_policy": self._sum_size - self._sum_final,
-            "internal_rounding": self._sum_held - self._sum_size,
+            "token": sum(r.num_tokens for r in rs),
+            "reserved": sum(r.final_len - r.num_tokens for r in rs),
+            "internal_policy": sum(r.size - r.final_len for r in rs),
+            "internal_rounding": sum(r.held - r.size for r in rs),
             "external_fragmentation": self.allocator.num_free - usable,
             "free": usable,
         }
 
     def usage(self, need: int | None = None) -> KVUsage:
-        """The paper's categories now, as slot counts (``.fractions()`` for shares), from the
-        running totals; ``need`` as in the module docstring."""
+        """The paper's categories now, as slot counts (``.fractions()`` for shares); ``need`` as
+        in the module docstring."""
         b = self.breakdown(need)
         internal = b.pop("internal_policy") + b.pop("internal_rounding")
         return KVUsage(total=self.num_slots, internal_fragmentation=internal, **b)
-
-    def usage_slow(self, need: int | None = None) -> KVUsage:
-        """Oracle for ``usage``: recount from every reservation and every free block (O(n))."""
-        need = self.max_seq_len if need is None else need
-        rs = list(self._seqs.values())
-        blocks = self.allocator.free_blocks()
-        usable = sum(n for _, n in blocks if n >= next_pow2(need))
-        return KVUsage(total=self.num_slots, token=sum(r.num_tokens for r in rs),
-                       reserved=sum(r.final_len - r.num_tokens for r in rs),
-                       internal_fragmentation=sum(r.held - r.final_len for r in rs),
-                       external_fragmentation=sum(n for _, n in blocks) - usable, free=usable)
 
     def __repr__(self) -> str:
         return (f"ContiguousKVCache(num_slots={self.num_slots}, policy={self.policy!r}, "
