@@ -128,7 +128,7 @@ def test_core_budgets():
     assert not too_long, f"core files over 300 lines: {too_long}"
     # The design budget for the core path is 2,700 lines; it is not met yet (the closing notes
     # report the figure). Until it is, this ratchet keeps the core from growing.
-    assert sum(lines.values()) <= 3050, f"core path is {sum(lines.values())} lines (> 3,050)"
+    assert sum(lines.values()) <= 3030, f"core path is {sum(lines.values())} lines (> 3,030)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
