@@ -175,6 +175,14 @@ CASES: list[tuple[str, str]] = [
     ("check 4 --timeout -1", "--timeout=-1.0 must be >= 0"),
     ("check 4 --timeout nan", "--timeout=nan must be a finite number >= 0"),
     ("check {missing_py}", "does not exist"),
+    ("check ''", "exercise '' is empty; expected a number or a .py file"),
+    ("check {dir}", "is a directory; expected a .py file"),
+    ("check 4 --timeout 1e30", "--timeout=1e+30 must be >= 0 and <= 86400"),
+    ("demo --speed 1e30", "--speed=1e+30 must be > 0 and <= 3600"),
+    ("bench attention --repeats 100000", "--repeats=100000 must be >= 1 and <= 1000"),
+    ("bench allocator --chunk 10000000", "--chunk=10000000 must be >= 1 and <= 1e+06"),
+    ("generate x --block-size 1000000", "the default 256 blocks x --block-size=1000000 (the KV "
+                                        "pool) would need about"),
     ("check {binary_py}", "has no EXERCISE"),
     # quiz
     ("quiz --only nope", "--only='nope' names no drill"),
@@ -282,6 +290,29 @@ def test_bad_input_is_one_clear_line(results, line, fragment):
     command = line.split()[0] if line else ""
     if command in COMMANDS:  # the error names the command it is about
         assert lines[0].startswith(f"minipaged {command}"), lines[0]
+
+
+def test_the_timeout_limit_agrees_with_the_grader():
+    from minipaged.kit.cli import teaching
+    from minipaged.kit.grader.core import MAX_TIMEOUT_S
+
+    assert teaching.MAX_TIMEOUT_S == MAX_TIMEOUT_S
+
+
+@pytest.mark.parametrize("top", ["import sys\nsys.exit(0)\n", "raise SystemExit(3)\n"])
+def test_a_learners_file_that_exits_is_graded_as_not_loading(tmp_path, top):
+    """sys.exit() at the top of a learner's file must not end the grader with status 0."""
+    f = tmp_path / "mine.py"
+    f.write_text(f'EXERCISE = "04_block_table"\n{top}')
+    out = run_cli(["check", str(f)], timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr
+    assert "raised SystemExit" in " ".join(out.stdout.split())
+
+
+def test_a_timeout_too_short_for_the_import_is_a_result_not_a_traceback():
+    out = run_cli(["check", "6", "--timeout", "0.000001"], timeout=60)
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr[-2000:]
+    assert out.returncode == 1, (out.stdout[-500:], out.stderr[-500:])
 
 
 def test_an_endless_loop_at_the_top_of_a_learners_file_times_out(tmp_path):

@@ -142,3 +142,11 @@ def test_cli_options(capsys):
     assert main(["kv-calc", "--model", "deepseek-v2"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "tensor parallel over 8 GPUs" in text and "(MLA)" in text and "67.50 KiB" in text
+
+
+def test_block_counts_are_exact_integers_at_any_context():
+    """Integer ceiling division: a float one (math.ceil(n / bs)) is off beyond 2**53 tokens."""
+    from minipaged.sim.memory import block_table_bytes
+
+    assert block_table_bytes(10**17, 3) == 4 * 33333333333333334
+    assert block_table_bytes(2**53 + 1, 1, entry_bytes=1) == 2**53 + 1

@@ -301,3 +301,19 @@ def test_the_simulator_reports_a_step_that_does_nothing(monkeypatch):
     with pytest.raises(NoProgressError, match=r"step 0: no progress: request \(0, 0\) "
                                               r"\(waiting, 1 sequence\(s\)"):
         simulate(SimConfig(num_requests=3))
+
+
+def test_simulate_titles_a_trace_with_its_own_count_and_clock(tmp_path, capsys):
+    """The title states what ran: the trace's request count (not --num-requests), and for a
+    trace with arrival times, those times instead of a --request-rate it does not use."""
+    untimed = tmp_path / "one.jsonl"
+    untimed.write_text('{"prompt_len": 10, "output_len": 5}\n')
+    assert main(["simulate", "--workload", str(untimed), "--request-rate", "3"]) == 0
+    title = " ".join(capsys.readouterr().out.split())
+    assert "1 request at 3.0 req/s" in title
+    timed = tmp_path / "two.jsonl"
+    timed.write_text('{"prompt_len": 10, "output_len": 5, "arrival_s": 0}\n'
+                     '{"prompt_len": 10, "output_len": 5, "arrival_s": 1.5}\n')
+    assert main(["simulate", "--workload", str(timed), "--request-rate", "3"]) == 0
+    title = " ".join(capsys.readouterr().out.split())
+    assert "2 requests at the trace's arrival times (--request-rate is not used)" in title

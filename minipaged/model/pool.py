@@ -12,6 +12,7 @@ Read before: ../sim/memory.py. Read next: engine.py.
 from __future__ import annotations
 
 DEFAULT_KV_CACHE_GB = 1.0
+DEFAULT_NUM_BLOCKS = 256  # a model object's pool when neither num_blocks nor a budget is given
 
 
 def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float | None,
@@ -25,8 +26,9 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     if num_blocks is not None:
         return num_blocks, f"KV pool: {num_blocks} blocks of {block_size} (given)"
     if kv_cache_gb is None and not from_dir:
-        return 256, (f"KV pool: 256 blocks of {block_size} (the default for a model object; "
-                     "num_blocks or kv_cache_gb sets it)")
+        return DEFAULT_NUM_BLOCKS, (f"KV pool: {DEFAULT_NUM_BLOCKS} blocks of {block_size} (the "
+                                    "default for a model object; num_blocks or kv_cache_gb "
+                                    "sets it)")
     gb = DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb
     if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
         raise ValueError(f"kv_cache_gb must be a number > 0 (GiB), got {gb!r}")

@@ -35,8 +35,9 @@ for (an 8-GPU DeepSeek-V2); ``PRESETS`` are the single-GPU ones the simulator ru
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+
+from minipaged._checks import cdiv
 
 GiB = 1024**3
 
@@ -250,7 +251,7 @@ def block_table_bytes(context_len: int, block_size: int, *, entry_bytes: int = 4
         raise ValueError(f"context_len={context_len} must be >= 0")
     if entry_bytes < 1:
         raise ValueError(f"entry_bytes={entry_bytes} must be >= 1")
-    return math.ceil(context_len / block_size) * entry_bytes
+    return cdiv(context_len, block_size) * entry_bytes
 
 
 def kv_calc(p: MemoryPreset, *, block_size: int = 16, context_len: int = 2048,
@@ -272,7 +273,7 @@ def kv_calc(p: MemoryPreset, *, block_size: int = 16, context_len: int = 2048,
         "num_blocks": p.num_blocks(block_size),
         "block_bytes": per_token * block_size,
         "context_len": context_len,
-        "blocks_per_request": math.ceil(context_len / block_size),
+        "blocks_per_request": cdiv(context_len, block_size),
         "kv_bytes_per_request": per_token * context_len,
         "entry_bytes": entry_bytes,
         "block_table_bytes_per_request": bt,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
+    bounds,
     command,
     input_dir,
     num,
@@ -19,6 +20,10 @@ from minipaged.kit.cli.args import (
 )
 
 # ---- bench -------------------------------------------------------------------------------------
+
+# Timed runs per figure: enough for a stable median, few enough to finish.
+REPEATS = bounds(low=1, high=1000)
+
 
 def add_bench(sub) -> None:
     from minipaged.kit import bench
@@ -34,8 +39,10 @@ def add_bench(sub) -> None:
     num(a, "--requests", int, 3000, "requests in the trace")
     num(a, "--num-blocks", int, 2048, "GPU blocks")
     num(a, "--block-size", int, 16, "tokens per block")
-    num(a, "--repeats", int, 3, "replays of the whole trace per manager (times are summed)")
-    num(a, "--chunk", int, 8, "scheduling steps per chunk; the managers alternate by chunk")
+    num(a, "--repeats", int, 3, "replays of the whole trace per manager (times are summed)",
+        REPEATS)
+    num(a, "--chunk", int, 8, "scheduling steps per chunk; the managers alternate by chunk",
+        bounds(low=1, high=10**6))
     a.add_argument("--quick", action="store_true", help="300 requests, 1 run: a smoke test")
 
     t = command(benches, "attention", "paged decode attention (gather, online) vs dense NumPy",
@@ -48,7 +55,7 @@ def add_bench(sub) -> None:
     num(t, "--contexts", int, [1024, 4096], "context lengths Tk to measure", nargs="+")
     t.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float32",
                    help="element type of q, K and V")
-    num(t, "--repeats", int, 5, "timed runs per figure (median)")
+    num(t, "--repeats", int, 5, "timed runs per figure (median)", REPEATS)
     t.add_argument("--no-online", action="store_true", help="skip the (slow) online method")
     t.add_argument("--quick", action="store_true", help="a tiny configuration (about a second)")
     num(t, "--seed", int, 0, "seed of the random q, K and V", NON_NEGATIVE)
@@ -58,7 +65,7 @@ def add_bench(sub) -> None:
     num(g, "--requests", int, None, "concurrent requests (unset: 32; 16 with --model)")
     num(g, "--max-tokens", int, 64, "new tokens per request, at most")
     num(g, "--block-size", int, 16, "token slots per block of the paged engine")
-    num(g, "--repeats", int, 3, "timed runs (the median is reported)")
+    num(g, "--repeats", int, 3, "timed runs (the median is reported)", REPEATS)
     hf = g.add_argument_group("with --model: the paged engine against transformers")
     path(hf, "--model", input_dir, "a Hugging Face model directory (needs transformers)",
          metavar="DIR")
@@ -84,7 +91,8 @@ def add_bench(sub) -> None:
         "256 1024 on cpu)", nargs="+")
     k.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                    help="element type of q, K and V")
-    num(k, "--repeats", int, None, "timed runs per figure (unset: 20 on cupy, 3 on cpu)")
+    num(k, "--repeats", int, None, "timed runs per figure (unset: 20 on cupy, 3 on cpu)",
+        REPEATS)
     k.add_argument("--quick", action="store_true", help="a tiny configuration (seconds)")
     num(k, "--seed", int, 0, "seed of the random q, K and V", NON_NEGATIVE)
 

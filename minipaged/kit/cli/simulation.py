@@ -6,6 +6,7 @@ experiments, or every checkable claim of the interview answer (``kit/quiz/factch
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
 
@@ -99,10 +100,14 @@ def simulate(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
     from minipaged.sim.workloads import WORKLOADS, load_jsonl
 
-    num_requests = args.num_requests
+    num_requests, rate = args.num_requests, f"at {args.request_rate} req/s"
     if args.workload not in WORKLOADS:       # a trace: read it once here, to blame it by name
         with reading("--workload", args.workload):
-            num_requests = min(num_requests, len(load_jsonl(args.workload)))
+            trace = load_jsonl(args.workload)
+        num_requests = min(num_requests, len(trace))
+        with open(args.workload, encoding="utf-8") as f:  # arrival_s on one line: on all of them
+            if "arrival_s" in json.loads(next(line for line in f if line.strip())):
+                rate = "at the trace's arrival times (--request-rate is not used)"
     cfg = SimConfig(workload=args.workload, policy=args.policy, num_requests=args.num_requests,
                     request_rate=args.request_rate, seed=args.seed, block_size=args.block_size,
                     model=args.model, kv_cache_gb=args.kv_cache_gb, n=args.n,
@@ -117,8 +122,9 @@ def simulate(args) -> int:
     console = Console()
     with progress_bar(console, f"simulating {cfg.policy}") as update:
         r = simulate(cfg, progress=update)
-    t = table(f"{cfg.workload}, {cfg.num_requests} requests at {cfg.request_rate} req/s, seed "
-              f"{cfg.seed}", ("figure", cfg.policy), left=("figure",))
+    t = table(f"{cfg.workload}, {num_requests} request{'s' * (num_requests != 1)} {rate}, "
+              f"seed {cfg.seed}",
+              ("figure", cfg.policy), left=("figure",))
     for label, cell in SUMMARY_ROWS:
         t.add_row(label, cell(r))
     console.print(t)

@@ -48,7 +48,8 @@ def add_demo(sub) -> None:
         NON_NEGATIVE)
     num(p, "--width", int, None, "force the layout width in columns (60 to 500), e.g. for a "
         "projector", bounds(high=500))
-    num(p, "--speed", float, 1.5, "seconds per frame when autoplaying", bounds(above=0))
+    num(p, "--speed", float, 1.5, "seconds per frame when autoplaying",
+        bounds(above=0, high=3600))
     p.add_argument("--autoplay", action="store_true", help="start in autoplay (a pauses)")
     path(p, "--svg", output_dir, "also write each frame as an SVG file into DIR", metavar="DIR")
     path(p, "--html", output_dir, "also write each frame as an HTML file into DIR",
@@ -78,6 +79,11 @@ and a hint. Exits 0 when every case passes, 1 otherwise, 2 when the argument nam
 """
 
 
+# The longest --timeout: kit.grader.core.MAX_TIMEOUT_S, which the parser cannot import without
+# loading every exercise (tests/test_cli_errors.py checks that the two agree).
+MAX_TIMEOUT_S = 86400
+
+
 def add_check(sub) -> None:
     p = command(sub, "check", "grade an exercise with hidden tests", CHECK_HELP, check)
     p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
@@ -87,7 +93,7 @@ def add_check(sub) -> None:
                    help="grade exercises/solutions/NN_*.py instead (spoiler)")
     num(p, "--timeout", float, 20.0, "seconds the import or one case may run before it is "
         "stopped, so an endless loop is reported instead of hanging (0 = no limit)",
-        bounds(low=0))
+        bounds(low=0, high=MAX_TIMEOUT_S))
 
 
 def check(args) -> int:
@@ -95,7 +101,7 @@ def check(args) -> int:
     from minipaged.kit.grader.report import print_report
 
     console = Console()
-    if args.list or not args.exercise:
+    if args.list or args.exercise is None:
         t = table("exercises (minipaged check NUMBER)", ("#", "file", "topic", "cases"),
                   left=("file", "topic"))
         for ex in all_exercises().values():

@@ -59,8 +59,12 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
     Raises ValueError with the list of exercises when ``spec`` names none of them."""
     exercises = all_exercises()
     known = ", ".join(exercises)
+    if not spec.strip():
+        raise ValueError(f"exercise {spec!r} is empty; expected a number or a .py file")
     path = Path(spec)
     if path.suffix == ".py" or path.exists():
+        if path.is_dir():
+            raise ValueError(f"exercise file {spec!r} is a directory; expected a .py file")
         if not path.is_file():
             raise ValueError(f"exercise file {spec!r} does not exist")
         name = exercise_name_in(path) or path.stem

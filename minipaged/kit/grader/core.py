@@ -213,8 +213,8 @@ def load_module(path: Path) -> ModuleType:
         sys.modules.pop(name, None)
         raise ValueError(f"syntax error in {path.name} line {e.lineno}: {e.msg}\n"
                          f"    {(e.text or '').rstrip()}") from None
-    except Exception as e:  # noqa: BLE001 - anything the learner's top level raises
-        sys.modules.pop(name, None)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - anything its top level raises
+        sys.modules.pop(name, None)   # (sys.exit() too: it must not end the grader with 0)
         raise ValueError(f"importing {path.name} raised {type(e).__name__}: {e}"
                          f"{_learner_location(e, path)}") from None
     return module
@@ -233,6 +233,8 @@ def _learner_location(exc: BaseException, path: Path) -> str:
     return f"\n    at {path.name}:{f.lineno} in {f.name}(): {(f.line or '').strip()}" if f else ""
 
 
+MAX_TIMEOUT_S = 86400  # a day: the timer (setitimer) overflows not far above 1e9 s
+
 class CaseTimeout(Exception):
     """A case ran longer than its time limit (an endless loop in the learner's code?)."""
 
@@ -248,8 +250,8 @@ def _with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
         raise CaseTimeout(f"stopped after {seconds:g} s")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    try:  # the alarm may fire as soon as it is set: inside the try, so it is always handled
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -267,7 +269,7 @@ def run_case(case: Case, module: ModuleType, path: Path, timeout_s: float) -> Ca
         return CaseResult(case.name, "fail", e.message, failure=e, hint=e.hint or case.hint)
     except CaseTimeout as e:
         return CaseResult(case.name, "timeout", f"{e} (an endless loop?)", hint=case.hint)
-    except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the learner's code may raise anything
         msg = str(e).splitlines()[0][:300] if str(e) else ""
         return CaseResult(case.name, "error", f"{type(e).__name__}: {msg}",
                           where=_learner_location(e, path).strip(), hint=case.hint)
@@ -278,13 +280,16 @@ def grade(exercise: Exercise, path: Path, *, timeout_s: float = 20.0) -> GradeRe
     """Import ``path`` and run every hidden case of ``exercise`` against it (each case stopped
     after ``timeout_s`` seconds where the platform allows; 0 = no limit)."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s >= 0:
-        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds >= 0")
+            or not 0 <= timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds in [0, "
+                         f"{MAX_TIMEOUT_S}]")
     path = Path(path)
     try:  # the import runs the file's top level: an endless loop there is stopped too
         module = _with_timeout(lambda: load_module(path), timeout_s)
     except ValueError as e:
         return GradeResult(exercise, path, [], load_error=str(e))
+    except CaseTimeout as e:
+        return GradeResult(exercise, path, [], load_error=f"importing {path.name}: {e}")
     missing = [f for f in exercise.functions if not hasattr(module, f)]
     if missing:
         return GradeResult(exercise, path, [], load_error=(
