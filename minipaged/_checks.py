@@ -71,13 +71,19 @@ def check_token_ids(name: str, token_ids: Iterable[int]) -> list[int]:
     return tokens
 
 
-def check_seq_id(name: str, seq_id: object) -> Hashable:
-    """A sequence id must be hashable (it keys the manager's tables)."""
+def check_seq_id(name: str, seq_id: object, *, new: bool = False) -> Hashable:
+    """A sequence id must be hashable (it keys the manager's tables). A ``new`` one must also
+    equal itself (a NaN could never be looked up again) and not be a bool (True == 1)."""
     try:
         hash(seq_id)
     except TypeError:
         raise TypeError(f"{name}={seq_id!r:.60} must be hashable "
                         f"(got {type(seq_id).__name__})") from None
+    if new and isinstance(seq_id, (bool, np.bool_)):
+        raise TypeError(f"{name}={seq_id!r} must not be a bool: True == 1 would name sequence 1")
+    if new and seq_id != seq_id:
+        raise ValueError(f"{name}={seq_id!r:.60} is not equal to itself (a NaN?): no lookup "
+                         "could find it again")
     return seq_id
 
 

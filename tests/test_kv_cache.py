@@ -187,3 +187,17 @@ def test_unhashable_seq_ids_are_refused_by_name():
         with pytest.raises(TypeError, match=r"seq_ids?(\[0\])?=\['b'\] must be hashable"):
             call()
     assert snapshot(m) == before
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_a_new_seq_id_must_be_findable_again(prefix):
+    """A NaN id could be allocated but never freed (it equals nothing), and True would alias
+    sequence 1: both are refused when the sequence is created, and nothing changes."""
+    m = KVCacheManager(4, 4, enable_prefix_caching=prefix)
+    m.allocate(1, [1, 2])
+    for bad, err in ((float("nan"), ValueError), (True, TypeError)):
+        with pytest.raises(err, match="seq_id="):
+            m.allocate(bad, [1])
+        with pytest.raises(err, match="child_seq_id="):
+            m.fork(1, bad)
+    assert m.num_free_blocks == 3 and m.block_table(1) == [0]

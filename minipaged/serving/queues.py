@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from minipaged._checks import check_choice, check_float, check_int, check_token_ids
+from minipaged._checks import check_choice, check_float, check_int, check_seq_id, check_token_ids
 from minipaged.serving.memory_policy import MemoryPolicy
 from minipaged.sharing.sequence import (
     FINISHED,
@@ -89,6 +89,11 @@ class RequestQueues:
     """The queues, requests joining them, a step's results applied; ``Scheduler`` adds the rest."""
 
     def __init__(self, policy: MemoryPolicy, config: SchedulerConfig | None = None) -> None:
+        if not isinstance(policy, MemoryPolicy):
+            raise TypeError(f"policy must be a MemoryPolicy (make_policy builds one), got "
+                            f"{type(policy).__name__}")
+        if config is not None and not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
         self.policy = policy
         self.config = config or SchedulerConfig()
         self.waiting: deque[SequenceGroup] = deque()
@@ -98,6 +103,8 @@ class RequestQueues:
         self.rejected: list[SequenceGroup] = []
         self.rejections: dict[int, str] = {}  # group order -> why it was refused
         self._next_seq_id = self._next_order = 0  # the next Sequence id and group order
+        self._pending: SchedulerOutput | None = None  # the plan update() has yet to apply
+        self._request_ids: set = set()  # every request id queued so far: each names one request
 
     def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
                     arrival_s: float = 0.0, n: int = 1, beam_width: int = 1) -> SequenceGroup:
@@ -112,6 +119,8 @@ class RequestQueues:
             arrival_s = check_float("arrival_s", arrival_s, low=0.0)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}: {e}") from None
+        if check_seq_id("request_id", request_id) in self._request_ids:
+            raise ValueError(f"{where} was already added: request ids must be unique")
         if len(prompt) + output_len > cfg.max_model_len:
             raise ValueError(f"{where}: prompt_len={len(prompt)} + output_len={output_len} "
                              f"exceeds max_model_len={cfg.max_model_len}")
@@ -122,6 +131,7 @@ class RequestQueues:
         if self.waiting and arrival_s < self.waiting[-1].arrival_s:
             raise ValueError(f"{where}: arrival_s={arrival_s} is before the last waiting request's"
                              f" {self.waiting[-1].arrival_s}: add requests in arrival order")
+        self._request_ids.add(request_id)
         g = SequenceGroup(request_id, self._next_order, arrival_s, len(prompt), output_len,
                           n, beam_width)
         self._next_order += 1
@@ -155,10 +165,10 @@ class RequestQueues:
         return sum(len(g.seqs) for g in self.running)
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[SequenceGroup]:
-        """Apply a step's results at time ``now``; returns the groups that finished."""
-        if len(result.samples) != len(out.sampled):
-            raise ValueError(f"StepResult.samples has {len(result.samples)} entries for "
-                             f"{len(out.sampled)} sampled sequences")
+        """Apply the latest plan's results at time ``now``; returns the groups that finished.
+        Checked first (``_check_step``): a bad result changes nothing."""
+        self._check_step(out, result, now)
+        self._pending = None
         for c in out.prefills:
             c.seq.num_computed = c.end
             if c.end == len(c.seq.token_ids):
@@ -189,6 +199,28 @@ class RequestQueues:
             if len(tokens) >= s.stop_len:
                 finished.append(s)
         return self._finish(finished, now)
+
+    def _check_step(self, out: SchedulerOutput, result: StepResult, now: float) -> None:
+        """The plan is the latest one, applied once; each sample is a token id >= 0, or a list
+        of them for a group that shares (empty only for a beam: it lost)."""
+        if out is None or out is not self._pending:
+            raise ValueError("out must be the latest schedule()'s output, applied once")
+        if not isinstance(result, StepResult):
+            raise TypeError(f"result must be a StepResult, got {type(result).__name__}")
+        check_float("now", now, low=0.0)
+        samples = result.samples
+        if not isinstance(samples, list) or len(samples) != len(out.sampled):
+            raise ValueError(f"StepResult.samples={samples!r:.40} must be a list, one entry for "
+                             f"each of the {len(out.sampled)} sampled sequences")
+        for i, (s, toks) in enumerate(zip(out.sampled, samples)):
+            many = isinstance(toks, list)
+            g = s.group
+            if many and ((g.n == 1 and g.beam_width == 1) or (not toks and g.beam_width == 1)):
+                raise ValueError(f"samples[{i}]={toks!r}: request {g.request_id!r} (n={g.n}, "
+                                 f"beam_width={g.beam_width}) takes one token id here")
+            for t in toks if many else (toks,):
+                if type(t) is not int or t < 0:  # then check_int names what is wrong
+                    check_int(f"samples[{i}]", t, low=0)
 
     def _finish(self, seqs: list[Sequence], now: float) -> list[SequenceGroup]:
         """Free finished sequences; returns the groups they were the last of."""

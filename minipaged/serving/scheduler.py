@@ -84,6 +84,7 @@ class Scheduler(RequestQueues):
         out.blocks_to_copy = self.policy.take_copies()
         out.sampled = [c.seq for c in out.prefills if c.end == len(c.seq.token_ids)]
         out.sampled += out.decodes
+        self._pending = out
         return out
 
     def _schedule_running(self, out: SchedulerOutput) -> int:

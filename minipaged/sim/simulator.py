@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from minipaged._checks import cdiv
+from minipaged._checks import cdiv, check_int
 from minipaged.contiguous.usage import CATEGORIES
 from minipaged.serving.memory_policy import PagedPolicy, make_policy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig
@@ -63,6 +63,9 @@ class SimConfig:
     usage_every: int | None = None    # steps between usage snapshots; None: auto
 
     def __post_init__(self) -> None:
+        for name in ("num_requests", "n", "beam_width", "max_num_seqs"):
+            check_int(name, getattr(self, name), low=1)
+        check_int("seed", self.seed, low=0)
         if self.sharing not in ("cow", "prefix"):
             raise ValueError(f"sharing={self.sharing!r} must be 'cow' or 'prefix'")
         check_block_size(self.block_size)
@@ -124,7 +127,13 @@ def build(cfg: SimConfig):
 
 def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = None,
              progress_every: int = 256) -> SimResult:
-    """Run one simulation to the end. ``progress(finished, total)`` is called now and then."""
+    """Run one simulation to the end. ``progress(finished, total)`` is called every
+    ``progress_every`` steps and at the end."""
+    if not isinstance(cfg, SimConfig):
+        raise TypeError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress={progress!r} must be a callable(finished, total) or None")
+    check_int("progress_every", progress_every, low=1)
     reqs, sched, ex, slots = build(cfg)
     policy = sched.policy
     paged = isinstance(policy, PagedPolicy)
