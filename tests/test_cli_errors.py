@@ -169,6 +169,16 @@ CASES: list[tuple[str, str]] = [
     ("train --lr 0", "--lr=0.0 must be > 0"),
     ("train --batch-size -1", "--batch-size=-1 must be >= 1"),
     ("train --out {missing_dir}/x.pt", "is in a folder that does not exist"),
+    ("train --batch-size 100000000 --steps 1 --warmup 0 --out {dir}/x.pt",
+     "--batch-size=100000000 (about 5.72 MiB of activations per example) would need about"),
+    ("train --num-eval 11 --steps 1 --warmup 0 --out {dir}/x.pt",
+     "--num-eval=11 must be >= 1 and <= 10"),
+    (f"train --threads {10**30} --steps 1 --warmup 0 --out {{dir}}/x.pt",
+     f"--threads={10**30} must be >= 1 and <= "),
+    (f"train --seed {10**30} --steps 1 --warmup 0 --out {{dir}}/x.pt",
+     f"--seed={10**30} must be >= 0 and < 2**64"),
+    ("train --warmup 3 --steps 2 --out {dir}/x.pt", "--warmup=3 is longer than --steps=2: the "
+                                                    "learning rate would never reach its peak"),
     # check
     ("check 99", "there is no exercise '99'"),
     ("check nope", "is neither a number nor a .py file"),

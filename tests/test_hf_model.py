@@ -255,11 +255,54 @@ def _edit_config(d, tmp_path, **changes):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "'yarn'"),
     ({"intermediate_size": 96}, "shape"),
     ({"tie_word_embeddings": True}, "unexpected tensors.*lm_head.weight"),
+    ({"hidden_size": -64}, r"config\.json: hidden_size=-64 must be an int >= 1"),
+    ({"vocab_size": 300.5}, r"config\.json: vocab_size=300\.5 must be an int >= 1"),
+    ({"num_hidden_layers": None}, r"config\.json: num_hidden_layers is missing"),
+    ({"num_key_value_heads": 3}, r"config\.json: n_heads=4 must be a multiple of n_kv_heads=3 "
+                                 r".*n_heads is num_attention_heads, n_kv_heads is num_key_"),
+    ({"architectures": {"a": 1}}, r"config\.json: architecture \{'a': 1\} is not supported"),
+    ({"rms_norm_eps": "small"}, r"config\.json: rms_norm_eps='small' must be a number > 0"),
+    ({"rope_parameters": [1]}, r"config\.json: rope_parameters=\[1\] must be an object"),
+    ({"rope_parameters": {"rope_type": "llama3"}}, r"config\.json: factor=None must be a number"),
 ])
 def test_loader_refuses_what_it_cannot_load_and_says_what(models, tmp_path, changes, message):
     d = _edit_config(models["qwen3"][0], tmp_path, **changes)
     with pytest.raises(CheckpointError, match=message):
         load_hf_model(d)
+
+
+# A file of a model directory overwritten with what is not that file -> what the error says.
+BROKEN = [
+    pytest.param("config.json", b"[1]", "config.json: expected a JSON object, got list",
+                 id="config-a-list"),
+    pytest.param("config.json", b"nope", "config.json: not valid JSON (Expecting value: line 1 "
+                 "column 1", id="config-not-json"),
+    pytest.param("model.safetensors", np.random.default_rng(0).bytes(100), "model.safetensors: "
+                 "not a readable safetensors file (Error while deserializing header",
+                 id="weights-random-bytes"),
+    pytest.param("model.safetensors", (10**6).to_bytes(8, "little") + b"{}", "model.safetensors: "
+                 "not a readable safetensors file (Error while deserializing header",
+                 id="weights-bad-header-length"),
+    pytest.param("model.safetensors.index.json", b'{"weight_map": 5}', "model.safetensors.index"
+                 ".json: weight_map=5 must be an object mapping tensor names", id="index-map-int"),
+    pytest.param("model.safetensors.index.json", b"{}", "index.json: weight_map=None must be an "
+                 "object", id="index-no-map"),
+    pytest.param("tokenizer.json", b"{", "tokenizer.json: not a tokenizers file",
+                 id="tokenizer-not-json"),
+    pytest.param("tokenizer_config.json", b"[]", "tokenizer_config.json: expected a JSON object, "
+                 "got list", id="tokenizer-config-a-list"),
+]
+
+
+@pytest.mark.parametrize("name, data, message", BROKEN)
+def test_a_broken_model_directory_is_one_line_naming_the_file(models, tmp_path, capsys, name,
+                                                                data, message):
+    d = _edit_config(models["qwen2"][0], tmp_path)
+    (d / name).write_bytes(data)
+    assert main(["generate", "--model", str(d), "hi", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"minipaged generate: {d / name}: ") and message in err, err
 
 
 def test_loader_names_missing_and_unexpected_tensors(models, tmp_path):

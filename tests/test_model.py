@@ -178,3 +178,19 @@ def test_load_model_missing_file_is_a_clear_error(tmp_path):
     from minipaged.model.checkpoint import load_model
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(tmp_path / "nope.pt")
+
+
+@pytest.mark.requires("torch")
+def test_training_refuses_more_held_out_prompts_than_there_are(tmp_path):
+    """A score on num_eval=11 would be a score on the 10 held-out prompts: refused before any
+    training step, and by evaluate itself."""
+    from minipaged.model.checkpoint import load_model
+    from minipaged.model.train import NUM_EVAL, TrainSettings, evaluate, train
+
+    assert NUM_EVAL == len(corpus.held_out_starts()) == 10
+    lines = []
+    with pytest.raises(ValueError, match="num_eval=11 must be an int from 1 to 10"):
+        train(TrainSettings(steps=1, warmup=0, num_eval=11), tmp_path / "x.pt", log=lines.append)
+    assert not lines and not list(tmp_path.iterdir()), "it trained before refusing"
+    with pytest.raises(ValueError, match="num_eval=0 must be an int from 1 to 10"):
+        evaluate(load_model(), 0)

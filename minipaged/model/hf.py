@@ -11,6 +11,9 @@ families differ only in switches of decoder.py (transformers: models/llama, mode
 models/qwen3, modeling_*.py). ``load_hf_model`` fills the Decoder by an explicit name map:
 every checkpoint tensor lands in exactly one parameter of the same shape and every parameter
 is filled, or the error names the tensors. Weights become float32 (checkpoints ship bfloat16).
+A file that is not what its name says (config.json not a JSON object, a size that is not a
+positive int, a safetensors file with a broken header) is a CheckpointError naming the file and
+the field.
 
 Read before: decoder.py. Read next: hf_tokenizer.py, then engine.py (``LLM(model=DIR)``).
 """
@@ -18,6 +21,9 @@ Read before: decoder.py. Read next: hf_tokenizer.py, then engine.py (``LLM(model
 from __future__ import annotations
 
 import json
+import math
+import re
+from contextlib import contextmanager
 from pathlib import Path
 
 SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -39,27 +45,67 @@ QK_NORM_MAP = {"attn.q_norm.weight": "self_attn.q_norm.weight",
                "attn.k_norm.weight": "self_attn.k_norm.weight"}
 # Buffers some older checkpoints saved: recomputed from the config, never loaded.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# config.json's names for the ModelConfig sizes whose names differ (ModelConfig's errors say ours)
+HF_NAMES = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
+            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+            "hidden_dim": "intermediate_size", "max_seq_len": "max_position_embeddings"}
 
 
 class CheckpointError(ValueError):
     """A model directory this loader cannot use; the message says what and where."""
 
 
-def _rope(hf: dict) -> tuple[float, tuple | None]:
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``, a file of a model directory; anything else is refused."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:   # not JSON, not UTF-8 text, nested too deep
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _size(hf: dict, key: str, where, default: int | None = None) -> int:
+    """``hf[key]``, an int >= 1 (``default`` where it is absent or null)."""
+    value = hf.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise CheckpointError(f"{where}: {key} is missing; expected an int >= 1")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{where}: {key}={value!r} must be an int >= 1")
+    return value
+
+
+def _positive(hf: dict, key: str, where, default: float | None = None) -> float:
+    """``hf[key]``, a finite number > 0 (``default`` where it is absent)."""
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise CheckpointError(f"{where}: {key}={value!r} must be a number > 0")
+    return float(value)
+
+
+def _rope(hf: dict, where) -> tuple[float, tuple | None]:
     """(theta, Llama 3 scaling tuple or None). transformers >= 5 writes one "rope_parameters"
     dict; older config.json files have "rope_theta" and "rope_scaling"."""
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    params: dict = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = hf.get(key) or {}
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{where}: {key}={value!r} must be an object (or null)")
+        params.update(value)
+    theta = _positive(params, "rope_theta", where, hf.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind != "llama3":
         raise CheckpointError(f"rope scaling type {kind!r} is not implemented (only the default "
                               "rotary positions and Llama 3's 'llama3' scaling are)")
-    return theta, (float(params["factor"]), float(params["low_freq_factor"]),
-                   float(params["high_freq_factor"]),
-                   int(params["original_max_position_embeddings"]))
+    return theta, (*(_positive(params, k, where) for k in ("factor", "low_freq_factor",
+                                                           "high_freq_factor")),
+                   _size(params, "original_max_position_embeddings", where))
 
 
 def config_from_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
@@ -70,34 +116,56 @@ def config_from_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
     if not path.exists():
         raise FileNotFoundError(f"{str(model_dir)!r} is not a model directory (no config.json); "
                                 "fetch one with `hf download <repo> --local-dir DIR`")
-    hf = json.loads(path.read_text())
-    arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in SUPPORTED:
-        raise CheckpointError(f"architecture {arch!r} is not supported; this loader knows "
-                              f"{sorted(SUPPORTED)}")
+    hf = read_json(path)
+    archs = hf.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else archs
+    if not isinstance(arch, str) or arch not in SUPPORTED:
+        raise CheckpointError(f"{path}: architecture {arch!r} is not supported; this loader "
+                              f"knows {sorted(SUPPORTED)}")
     family = SUPPORTED[arch]
+    layer_types = hf.get("layer_types") or []
     refuse = {"hidden_act": hf.get("hidden_act", "silu") not in ("silu", "swish"),
               "mlp_bias": bool(hf.get("mlp_bias")),
               "use_sliding_window": bool(hf.get("use_sliding_window")),
-              "layer_types": any(t != "full_attention" for t in hf.get("layer_types") or []),
+              "layer_types": not isinstance(layer_types, list)
+              or any(t != "full_attention" for t in layer_types),
               # Llama and Qwen3: a bias on all four projections (Qwen2's q/k/v bias is built in)
               "attention_bias": family != "qwen2" and bool(hf.get("attention_bias"))}
     for key, bad in refuse.items():
         if bad:
-            raise CheckpointError(f"config.json: {key}={hf.get(key)!r} is not implemented by "
+            raise CheckpointError(f"{path}: {key}={hf.get(key)!r} is not implemented by "
                                   f"the Decoder ({arch})")
-    theta, scaling = _rope(hf)
-    heads = int(hf["num_attention_heads"])
-    return ModelConfig(
-        vocab_size=int(hf["vocab_size"]), dim=int(hf["hidden_size"]),
-        n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
-        n_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        hidden_dim=int(hf["intermediate_size"]),
-        max_seq_len=int(max_seq_len or hf["max_position_embeddings"]),
-        rope_theta=theta, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        head_size=int(hf.get("head_dim") or 0), qkv_bias=family == "qwen2",
+    theta, scaling = _rope(hf, path)
+    heads = _size(hf, "num_attention_heads", path)
+    fields = dict(
+        vocab_size=_size(hf, "vocab_size", path), dim=_size(hf, "hidden_size", path),
+        n_layers=_size(hf, "num_hidden_layers", path), n_heads=heads,
+        n_kv_heads=_size(hf, "num_key_value_heads", path, default=heads),
+        hidden_dim=_size(hf, "intermediate_size", path),
+        max_seq_len=max_seq_len or _size(hf, "max_position_embeddings", path),
+        rope_theta=theta, norm_eps=_positive(hf, "rms_norm_eps", path, 1e-6),
+        head_size=_size(hf, "head_dim", path, default=0), qkv_bias=family == "qwen2",
         qk_norm=family == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         rope_scaling=scaling)
+    try:
+        return ModelConfig(**fields)
+    except ValueError as e:         # sizes that do not fit together: say config.json's names
+        names = [f"{ours} is {theirs}" for ours, theirs in HF_NAMES.items()
+                 if re.search(rf"\b{ours}\b", str(e))]
+        raise CheckpointError(f"{path}: {e}" + (f" ({', '.join(names)} there)" if names else "")
+                              ) from None
+
+
+@contextmanager
+def _safetensors(path: Path):
+    """``safe_open(path)``; a file that is not safetensors is refused by name."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            yield f
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 def weight_files(model_dir: str | Path) -> dict[str, Path]:
@@ -105,7 +173,11 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map={weight_map!r:.80} must be an object "
+                                  "mapping tensor names to shard file names")
         files = {name: d / f for name, f in weight_map.items()}
         for f in sorted(set(files.values())):
             if not f.exists():
@@ -115,9 +187,7 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
     if not single.exists():
         raise CheckpointError(f"{str(d)!r} has neither model.safetensors nor "
                               "model.safetensors.index.json (only safetensors are read)")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as f:
+    with _safetensors(single) as f:
         return {name: single for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
 
 
@@ -138,7 +208,6 @@ def name_map(cfg) -> dict[str, str]:
 def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
     """The Decoder of a Hugging Face model directory, float32, eval mode, on the CPU."""
     import torch
-    from safetensors import safe_open
 
     from minipaged.model.decoder import Decoder
 
@@ -157,7 +226,7 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
     params = dict(model.named_parameters())
     with torch.no_grad():
         for path in sorted(set(files.values())):        # one shard open at a time
-            with safe_open(str(path), framework="pt") as f:
+            with _safetensors(path) as f:
                 for ours in [o for o, theirs in wanted.items() if files[theirs] == path]:
                     t, p = f.get_tensor(wanted[ours]), params[ours]
                     if tuple(t.shape) != tuple(p.shape):

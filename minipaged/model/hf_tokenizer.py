@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from minipaged.model.hf import CheckpointError, read_json
+
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json(path) if path.exists() else {}
 
 
 class HFTokenizer:
@@ -31,7 +33,10 @@ class HFTokenizer:
         if not path.exists():
             raise FileNotFoundError(f"{str(d)!r} has no tokenizer.json (the fast-tokenizer "
                                     "file; sentencepiece .model files alone are not read)")
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:      # tokenizers raises a plain Exception for a file it cannot read
+            raise CheckpointError(f"{path}: not a tokenizers file ({e})") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.config = _read_json(d / "tokenizer_config.json")
         # a special token is written as a string or as {"content": ...}
