@@ -117,6 +117,13 @@ def synthetic(name: str, num_requests: int, *, request_rate: float = math.inf, s
             for i in range(num_requests)]
 
 
+def has_arrival_times(path: str | Path) -> bool:
+    """True when a trace ``load_jsonl`` accepts gives ``arrival_s`` (then on every line, so the
+    first says it), and ``request_rate`` is not used."""
+    with Path(path).open(encoding="utf-8") as f:
+        return "arrival_s" in json.loads(next(line for line in f if line.strip()))
+
+
 def load_jsonl(path: str | Path, *, request_rate: float = math.inf, seed: int = 0,
                max_model_len: int = 2048) -> list[Request]:
     """Requests from a JSONL trace. Lines need ``prompt_len`` and ``output_len`` (ints >= 1);

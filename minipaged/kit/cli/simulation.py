@@ -6,7 +6,6 @@ experiments, or every checkable claim of the interview answer (``kit/quiz/factch
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 
@@ -98,16 +97,15 @@ def add_simulate(sub) -> None:
 
 def simulate(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
-    from minipaged.sim.workloads import WORKLOADS, load_jsonl
+    from minipaged.sim.workloads import WORKLOADS, has_arrival_times, load_jsonl
 
     num_requests, rate = args.num_requests, f"at {args.request_rate} req/s"
     if args.workload not in WORKLOADS:       # a trace: read it once here, to blame it by name
         with reading("--workload", args.workload):
             trace = load_jsonl(args.workload)
         num_requests = min(num_requests, len(trace))
-        with open(args.workload, encoding="utf-8") as f:  # arrival_s on one line: on all of them
-            if "arrival_s" in json.loads(next(line for line in f if line.strip())):
-                rate = "at the trace's arrival times (--request-rate is not used)"
+        if has_arrival_times(args.workload):
+            rate = "at the trace's arrival times (--request-rate is not used)"
     cfg = SimConfig(workload=args.workload, policy=args.policy, num_requests=args.num_requests,
                     request_rate=args.request_rate, seed=args.seed, block_size=args.block_size,
                     model=args.model, kv_cache_gb=args.kv_cache_gb, n=args.n,
