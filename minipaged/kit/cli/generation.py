@@ -37,7 +37,7 @@ from minipaged.kit.cli.common import (
 )
 from minipaged.model import train as training
 from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model
-from minipaged.model.pool import DEFAULT_KV_CACHE_GB, DEFAULT_NUM_BLOCKS
+from minipaged.model.pool import DEFAULT_KV_CACHE_GB, pool_size
 from minipaged.model.sampling import SamplingParams
 
 # ---- generate ----------------------------------------------------------------------------------
@@ -206,15 +206,13 @@ def generate(args) -> int:
         kv_cache_gb = args.kv_cache_gb
         if kv_cache_gb is None and args.model is not None:
             kv_cache_gb = DEFAULT_KV_CACHE_GB
-        if kv_cache_gb is not None and args.num_blocks is None:
-            refuse_if_too_big(f"--kv-cache-gb={kv_cache_gb:g} (the KV pool)",
-                              pools * kv_cache_gb * 2**30)
-        else:  # given blocks, or the default pool of a model object
-            blocks = args.num_blocks if args.num_blocks is not None else DEFAULT_NUM_BLOCKS
-            given = f"--num-blocks={blocks}" if args.num_blocks is not None else \
-                f"the default {blocks} blocks"
-            refuse_if_too_big(f"{given} x --block-size={args.block_size} (the KV pool)",
-                              blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
+        # The pool LLM will make (pool.py's rule, arithmetic only), checked before it is made.
+        blocks, _ = pool_size(model, args.num_blocks, args.block_size, kv_cache_gb, False)
+        given = (f"--num-blocks={blocks}" if args.num_blocks is not None
+                 else f"--kv-cache-gb={kv_cache_gb:g}" if kv_cache_gb is not None
+                 else f"the default {blocks} blocks")
+        refuse_if_too_big(f"{given} x --block-size={args.block_size} (the KV pool)",
+                          blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
         llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
                   block_size=args.block_size, kv_cache_gb=kv_cache_gb,
                   enable_prefix_caching=args.prefix_caching, preemption=args.preemption,

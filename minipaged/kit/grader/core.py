@@ -235,6 +235,7 @@ def _learner_location(exc: BaseException, path: Path) -> str:
 
 MAX_TIMEOUT_S = 86400  # a day: the timer (setitimer) overflows not far above 1e9 s
 
+
 class CaseTimeout(Exception):
     """A case ran longer than its time limit (an endless loop in the learner's code?)."""
 
