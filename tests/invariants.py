@@ -1,16 +1,20 @@
-"""The block managers' invariants, asserted: each stage states its invariants in prose in its
-module docstring; this file checks them (O(NB) per call) after every step of the tests.
+"""The invariants of every allocator and block manager, asserted: each stage states its invariants
+in prose in its module docstring; this file checks them after every step of the tests.
 
-``check_invariants(x)`` takes a ``BlockAllocator`` (or the prefix cache's) or any block manager
-from ``BlockManager`` up to ``KVCacheManager``, and asserts what its class and every class below
-it promise. It reads the managers' private state on purpose: the invariants are about it.
+``check_invariants(x)`` takes the contiguous stage's ``BuddyAllocator``, a ``BlockAllocator`` (or
+the prefix cache's) or any block manager from ``BlockManager`` up to ``KVCacheManager``, and
+asserts what its class and every class below it promise. It reads private state on purpose: the
+invariants are about it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from minipaged._checks import cdiv
+from minipaged.contiguous.buddy import BuddyAllocator
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.block_manager import BlockManager
 from minipaged.serving.swap import KVCacheManager
@@ -18,13 +22,35 @@ from minipaged.sharing.cow import CowBlockManager
 from minipaged.sharing.prefix_cache import PrefixCachingBlockAllocator, PrefixCachingBlockManager
 
 
-def check_invariants(x: BlockAllocator | BlockManager) -> None:
-    if isinstance(x, BlockAllocator):
+def check_invariants(x: BlockAllocator | BlockManager | BuddyAllocator) -> None:
+    if isinstance(x, BuddyAllocator):
+        check_buddy(x)
+    elif isinstance(x, BlockAllocator):
         check_allocator(x)
     elif isinstance(x, BlockManager):
         check_manager(x)
     else:
         raise TypeError(f"no invariants known for {type(x).__name__}")
+
+
+def check_buddy(a: BuddyAllocator) -> None:
+    """contiguous/buddy.py, invariants 1-3, by the slow, obvious route: paint every slot with its
+    owner (O(num_slots)) instead of trusting the allocator's own sets and counts."""
+    owner = np.zeros(a.num_slots, dtype=np.int8)  # 0 nobody, 1 allocated, 2 free
+    regions = [(off, n, 1) for off, n in a.allocations.items()]
+    regions += [(off, n, 2) for off, n in a.free_blocks()]
+    for off, n, who in regions:
+        assert 0 <= off and off + n <= a.num_slots, f"region [{off}, {off + n}) leaves the arena"
+        assert not owner[off:off + n].any(), f"region [{off}, {off + n}) overlaps another"
+        owner[off:off + n] = who
+    for k, offs in enumerate(a._free):
+        for off in offs:
+            assert off % (1 << k) == 0, f"free block ({off}, order {k}) is misaligned"
+            assert k == a.max_order or (off ^ (1 << k)) not in offs, \
+                f"free block ({off}, order {k}) and its buddy are not merged"
+    assert (owner != 0).all(), f"slot {int(np.argmin(owner))} is neither free nor allocated"
+    assert int((owner == 2).sum()) == a.num_free, \
+        f"num_free={a.num_free} but {int((owner == 2).sum())} slots are free"
 
 
 def check_allocator(a: BlockAllocator) -> None:

@@ -14,6 +14,7 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from invariants import check_invariants
 
 from minipaged.contiguous.buddy import BuddyAllocator, OutOfMemoryError, next_pow2
 
@@ -159,7 +160,7 @@ class BuddyMachine(RuleBasedStateMachine):
       - free + allocated = total: num_free + sum(held) == num_slots;
       - largest_free() is the largest free block, and alloc succeeds exactly when a free block of
         next_pow2(size) or more exists (an OutOfMemoryError changes nothing);
-      - free blocks are aligned and fully merged (check_invariants, the O(n) oracle);
+      - free blocks are aligned and fully merged (tests/invariants.py, the O(n) oracle);
       - freeing everything restores the starting blocks (the full arena when it is a power of 2).
     """
 
@@ -218,7 +219,7 @@ class BuddyMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
-        self.a.check_invariants()
+        check_invariants(self.a)
         assert self.a.allocations == self.model
         assert self.a.num_free + sum(self.model.values()) == self.n
         assert self.a.num_free == int((self.owner == -1).sum())
@@ -251,3 +252,21 @@ def test_fill_then_free_in_any_order_restores_the_arena(num_slots, sizes):
     for off in offs[1::2]:
         a.free(off)
     assert a.free_blocks() == roots(num_slots)
+
+
+def test_the_invariant_oracle_catches_each_kind_of_corruption():
+    """tests/invariants.py must fail on a broken allocator, or the stateful test proves nothing:
+    an overlap, a leak, a misplaced block, an unmerged pair and a wrong free count."""
+    def broken(corrupt):
+        a = BuddyAllocator(16)
+        a.alloc(4)                          # [0, 4) live; free: 4 at 4, 8 at 8
+        corrupt(a)
+        with pytest.raises(AssertionError):
+            check_invariants(a)
+
+    check_invariants(BuddyAllocator(16))
+    broken(lambda a: a._free[2].add(0))                         # free block over a live one
+    broken(lambda a: (a._free[2].remove(4), setattr(a, "num_free", 8)))  # slots 4..7 leak
+    broken(lambda a: (a._free[3].remove(8), a._free[3].add(6)))  # order-3 block at offset 6
+    broken(lambda a: (a._free[3].remove(8), a._free[2].update({8, 12})))  # buddies unmerged
+    broken(lambda a: setattr(a, "num_free", 11))                # the count disagrees

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from invariants import check_invariants
 
 from minipaged import ContiguousKVCache
 from minipaged.contiguous.buddy import next_pow2
@@ -356,7 +357,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         c = self.c
-        c.allocator.check_invariants()
+        check_invariants(c.allocator)
         regions = sorted((r.offset, r.held) for r in map(c.reservation, c.seq_ids))
         for (o1, h1), (o2, _) in zip(regions, regions[1:]):
             assert o1 + h1 <= o2, "two reservations overlap"

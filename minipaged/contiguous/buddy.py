@@ -12,7 +12,7 @@ log2(num_slots) orders each, plus ``alloc``'s scan of one order's set for its lo
 ``alloc(100)`` holds 128 slots; ``exact=True`` gives the 28-slot tail back (as Linux's
 ``alloc_pages_exact``).
 
-Invariants (``check_invariants``; tests/test_buddy.py after every step):
+Invariants (tests/invariants.py, after every step of tests/test_buddy.py):
   1. every slot is in exactly one live allocation or one free block;
   2. a free block of order k is aligned (offset % 2**k == 0) and inside the arena;
   3. free blocks are fully merged: no free block's buddy is free at the same order;
@@ -21,8 +21,6 @@ Invariants (``check_invariants``; tests/test_buddy.py after every step):
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from minipaged._checks import OutOfBlocksError, check_int
 
@@ -162,26 +160,6 @@ class BuddyAllocator:
     def free_blocks(self) -> list[tuple[int, int]]:
         """All free blocks as sorted (offset, slots) pairs (for display and tests)."""
         return sorted((off, 1 << k) for k, s in enumerate(self._free) for off in s)
-
-    def check_invariants(self) -> None:
-        """The slow, obvious oracle: rebuild slot ownership and check invariants 1-3, O(slots)."""
-        owner = np.zeros(self.num_slots, dtype=np.int8)  # 0 nobody, 1 allocated, 2 free
-        regions = [(off, n, 1) for off, n in self._live.items()]
-        regions += [(off, n, 2) for off, n in self.free_blocks()]
-        for off, n, who in regions:
-            if off < 0 or off + n > self.num_slots or owner[off:off + n].any():
-                raise AssertionError(f"region [{off}, {off + n}) overlaps or leaves the arena")
-            owner[off:off + n] = who
-        for k, offs in enumerate(self._free):
-            for off in offs:
-                if off % (1 << k):
-                    raise AssertionError(f"free block ({off}, order {k}) is misaligned")
-                if k < self.max_order and (off ^ (1 << k)) in offs:
-                    raise AssertionError(f"free block ({off}, order {k}) and its buddy unmerged")
-        if (owner == 0).any():
-            raise AssertionError(f"slot {int(np.argmin(owner))} is neither free nor allocated")
-        if int((owner == 2).sum()) != self.num_free:
-            raise AssertionError(f"num_free={self.num_free} but {(owner == 2).sum()} slots free")
 
     def __repr__(self) -> str:
         return (f"BuddyAllocator(num_slots={self.num_slots}, num_free={self.num_free}, "
