@@ -222,18 +222,26 @@ def load_hf_model(model_dir: str | Path, *, max_seq_len: int | None = None):
             more = f" and {len(names) - 8} more" if len(names) > 8 else ""
             raise CheckpointError(f"{what} tensors in {str(model_dir)!r}: "
                                   f"{', '.join(names[:8])}{more}")
+    shards = sorted(set(files.values()))
+    # Every tensor's shape against config.json first, from the safetensors headers and a model on
+    # the meta device (shapes, no memory): a config.json with huge sizes is refused before a
+    # model of that size is built.
+    with torch.device("meta"):
+        shapes = {n: tuple(p.shape) for n, p in Decoder(cfg).named_parameters()}
+    for path in shards:
+        with _safetensors(path) as f:
+            for ours, theirs in wanted.items():
+                got = tuple(f.get_slice(theirs).get_shape()) if files[theirs] == path else None
+                if got is not None and got != shapes[ours]:
+                    raise CheckpointError(f"tensor {theirs!r} has shape {got}; config.json "
+                                          f"implies {shapes[ours]} for {ours}")
     model = Decoder(cfg)            # random init, overwritten below (a few seconds for 1B)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for path in sorted(set(files.values())):        # one shard open at a time
+        for path in shards:                             # one shard open at a time
             with _safetensors(path) as f:
                 for ours in [o for o, theirs in wanted.items() if files[theirs] == path]:
-                    t, p = f.get_tensor(wanted[ours]), params[ours]
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise CheckpointError(f"tensor {wanted[ours]!r} has shape "
-                                              f"{tuple(t.shape)}; config.json implies "
-                                              f"{tuple(p.shape)} for {ours}")
-                    p.copy_(t.to(torch.float32))
+                    params[ours].copy_(f.get_tensor(wanted[ours]).to(torch.float32))
     return model.requires_grad_(False).eval()        # inference only
 
 
