@@ -2,15 +2,19 @@
 
 Lessons: lessons/03_*.py (paging) and lessons/08_*.py (the GPU kernel).  Check: minipaged check 7
 
-The GPU kernel never builds the gathered K/V of exercise 06: it walks the block table one block
-at a time and keeps, per head, three running values over the tokens seen so far:
+A GPU kernel never builds the gathered K/V of exercise 06: it walks the block table one block at
+a time. This exercise does that walk with the online softmax (FlashAttention's way, and
+minipaged's version-0 CUDA kernel's), keeping per head three running values over the tokens seen
+so far:
 
     m  the largest logit                     (so exp never overflows)
     l  sum of exp(logit - m)                 (the softmax denominator)
     o  sum of exp(logit - m) * v / l         (the output so far, already normalised)
 
-Two partial results (m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens combine
-exactly like this (FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
+vLLM's paged kernel, and minipaged's CUDA versions 1-4, keep every logit in shared memory
+instead, and need this merge only to combine the v2 kernel's partitions. Two partial results
+(m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens combine exactly like this
+(FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
 csrc/attention/attention_kernels.cuh, paged_attention_v2_reduce_kernel):
 
     m   = max(m_a, m_b)

@@ -177,7 +177,7 @@ sim = ctx.sharing()  # experiment 2 on Alpaca, canonical run
 t = Table(title="memory saved by sharing (blocks, averaged over decode steps)",
           title_justify="left")
 for col in ("algorithm", "n / width", "this toy (12 requests)",
-            f"simulator ({ctx.label})", "paper (Fig. 15, OPT-13B, Alpaca)"):
+            f"simulator ({ctx.label})", "paper (read off Fig. 15, OPT-13B, Alpaca)"):
     t.add_column(col)
 paper_ps = {2: "6.09%", 4: "8.53%", 6: "9.79%"}
 paper_bs = {2: "37.56%", 4: "53.13%", 6: "55.16%"}

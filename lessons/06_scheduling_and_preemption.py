@@ -116,12 +116,13 @@ assert all(100 * (fig2[p]["usage"]["external_fragmentation"] + fig2[p]["usage"][
 # %% [markdown]
 # How close to the paper (in brackets): in the first three categories every Orca policy lands
 # within five points of the paper's Fig. 2 (the line above prints the largest gap), and paged
-# within a point of 96.3% token states. The last column is "external fragmentation & others"
-# in the paper; ours counts only the free slots that cannot hold the next request (external)
-# and the few that could (free), so Pow2 and Oracle come out a few points short there: what
-# the paper's "others" holds, and how its Orca re-implementation places regions beyond "a buddy
-# allocator" (section 6.1), is not published. The conclusion is the same: every contiguous
-# scheme uses well under half its memory for tokens; paging uses nearly all of it.
+# within a point of the paper's ~96% token states (read off Fig. 2). The last column is
+# "external fragmentation & others" in the paper; ours counts only the free slots that cannot
+# hold the next request (external) and the few that could (free), so Pow2 and Oracle come out a
+# few points short there: what the paper's "others" holds, and how its Orca re-implementation
+# places regions beyond "a buddy allocator" (section 6.1), is not published. The conclusion is
+# the same: every contiguous scheme uses well under half its memory for tokens; paging uses
+# nearly all of it.
 #
 # ## Experiment 3 (Figs. 12-13): the highest sustainable request rate, and the batch size
 #

@@ -50,7 +50,8 @@ console.print(f"shared figures ({ctx.label}): {shared['preemptions_2gib']} preem
 # **"Pre-allocation uses only 30%-60% of KV memory (the vLLM paper's data)."** The paper's own
 # Fig. 2 says 20.4% to 38.2%, and our simulation of the three Orca policies lands in about the
 # same band (printed below): the quoted one is both too high and too wide. The follow-on
-# "90%+ with paging" holds (the paper: 96.3%; ours is within a point, checked below).
+# "90%+ with paging" holds (the paper: about 96%, read off Fig. 2; ours is within a point,
+# checked below).
 
 # %%
 f = by_id["utilization-before"]
@@ -60,9 +61,10 @@ assert abs(by_id["utilization-after"].figures["token"] - 0.963) < 0.01
 
 # %% [markdown]
 # **"vLLM caps a shared block's reference count at 16."** No such cap exists: here is one
-# block with more than a hundred owners. Copy-on-write costs one block copy per writer, and
-# only for the last, partly filled block, so there is nothing to cap. 16 is the default
-# *block size*, which is probably where the number came from.
+# block with more than a hundred owners. Copy-on-write costs at most one block copy per writer
+# (k sequences writing a block they share make k - 1 copies), and only for the last, partly
+# filled block, so there is nothing to cap. 16 is the default *block size*, which is probably
+# where the number came from.
 
 # %%
 m = KVCacheManager(4, 16)

@@ -12,7 +12,8 @@ vllm/v1/core/block_pool.py). This exercise's rules:
 - each FULL block gets a hash chained from its parent's: h_i = hash_block(h_{i-1}, tokens_i)
   (h_{-1} = NO_PARENT), so equal hashes mean equal whole prefixes, not just equal blocks;
 - a table maps hash -> physical block; a new request reuses the longest chain of its leading
-  full blocks found there, checking the stored token ids too (hashes can collide);
+  full blocks found there, checking the stored token ids too (hashes can collide; nano-vllm
+  checks them too, while vLLM looks a hit up by its hash alone);
 - at least the last prompt token is always recomputed (the model needs its logits), so only
   blocks lying entirely within the first len(token_ids) - 1 tokens may be hits;
 - a freed block keeps its hash and K/V and joins the END of the free queue (least recently
@@ -26,7 +27,9 @@ Rules for allocate(token_ids), exactly (the grader replays them):
    RuntimeError and change nothing.
 3. take the hits (ref_count += 1; out of the free queue if there), then take each fresh block
    from the head of the free queue (evicting its old hash if it had one), ref_count = 1.
-4. register every fresh FULL block: hash -> block, unless that hash is already in the table.
+4. register every fresh FULL block: hash -> block, unless that hash is already in the table
+   (a simplification: vLLM does not de-duplicate, and minipaged's PrefixCachingBlockManager
+   keeps a block computed twice cached twice under one hash).
 5. return (block_table, number of cached tokens = len(hits) * BS).
 free(block_table): for each block in REVERSED order, ref_count -= 1; at 0 it joins the end of
 the queue (a sequence's tail is evicted before its head, which others are likelier to share).

@@ -9,7 +9,7 @@ for slot. Every slot (one token's K and V, one layer) is in exactly one category
     external_fragmentation  free but unusable for a contiguous reservation (0 when paged)
     free                    free and usable
 
-The paper (section 3, Fig. 2) measured 20.4-38.2% of the cache holding token states in systems
+The paper (Fig. 2) measured 20.4-38.2% of the cache holding token states in systems
 that reserve contiguously; vLLM about 96%. Read next: ``contiguous/buddy.py``.
 """
 

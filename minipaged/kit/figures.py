@@ -63,8 +63,8 @@ def _fig2() -> Drawing:
     return usage_bars(
         f"KV cache slots while requests wait: ShareGPT-like, OPT-13B, 12 GiB, "
         f"{_context().label} (paper Fig. 2)", rows,
-        ["Paper, section 3 / Fig. 2: 20.4% / 26.8% / 38.2% token states for Orca max / pow2 / "
-         "oracle."])
+        ["Paper, Fig. 2: 20.4% to 38.2% token states in the Orca systems (its text); read off the "
+         "figure, about 20% / 27% / 38% for max / pow2 / oracle."])
 
 
 def _fig15() -> Drawing:

@@ -5,8 +5,9 @@ room*, so one scheduler compares vLLM's paged cache with the Orca baselines (pap
 same requests, same order, same preemption rules; only the memory differs. ``PagedPolicy`` wraps
 ``KVCacheManager`` with vLLM's *watermark*: admit only while a few free blocks (1%) remain, so
 running sequences can grow before anyone is preempted (vLLM v0, ``vllm/core/block_manager_v1.py``,
-``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves each request's whole final length at
-admission, so it never preempts and cannot share; it keeps accounting only (``store_kv=False``).
+``watermark_blocks``). ``ContiguousPolicy`` (Orca) reserves each request's whole region at
+admission, sized by its policy (max_seq_len, the prompt + next_pow2(output), or exactly the final
+length), so it never preempts and cannot share; it keeps accounting only (``store_kv=False``).
 
 Read next: ``serving/queues.py``, then ``serving/scheduler.py``.
 """
@@ -179,7 +180,7 @@ class PagedPolicy(MemoryPolicy):
 
 
 class ContiguousPolicy(MemoryPolicy):
-    """Orca: one contiguous region per request, reserved at admission for the final length."""
+    """Orca: one contiguous region per request, reserved at admission, as its policy sizes it."""
 
     block_size = 1
 

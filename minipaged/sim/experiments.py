@@ -30,7 +30,8 @@ from minipaged.sim import pct
 from minipaged.sim.simulator import SimConfig, simulate
 from minipaged.sim.workloads import make_workload
 
-# The paper's figures (Kwon et al., SOSP 2023, Fig. 2 and Fig. 15), [fig] = read off a figure.
+# The paper's figures (Kwon et al., SOSP 2023), every value read off Fig. 2 or Fig. 15, so
+# approximate; the text gives only ranges: 20.4%-38.2% token states, 6.1%-9.8% and 37.6%-55.2%.
 PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV memory
     "orca-max": (20.4, 13.3, 57.3, 8.9),
     "orca-pow2": (26.8, 17.9, 13.6, 41.6),
@@ -78,7 +79,7 @@ def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
                     "avg_batch_size": r.avg_batch_size, "paper": PAPER_FIG2[pol]}
     if console is not None:
         t = Table(title=f"Experiment 1 (Fig. 2): KV memory while requests queue, ShareGPT, "
-                        f"{num_requests} requests, seed {seed}; ours (paper)")
+                        f"{num_requests} requests, seed {seed}; ours (paper, read off Fig. 2)")
         for c in ("policy", "token", "reserved", "internal frag.", "external frag. + free",
                   "token / used"):
             t.add_column(c, justify="right")
@@ -110,7 +111,8 @@ def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "shareg
                 out.setdefault(w, {}).setdefault(kind, {})[k] = r.memory_saving
     if console is not None:
         t = Table(title=f"Experiment 2 (Fig. 15): memory saved by sharing, {num_requests} "
-                        f"requests, seed {seed}; paper (Alpaca, OPT-13B) in brackets")
+                        f"requests, seed {seed}; paper (Alpaca, OPT-13B, read off Fig. 15) in "
+                        "brackets")
         t.add_column("workload")
         t.add_column("kind")
         for k in widths:

@@ -94,8 +94,9 @@ def follow_up_2(ctx: Context) -> Answer:
     waste = {bs: one_sequence_waste(33, bs) for bs in (32, 16)}
     return Answer(
         "Doubling the block size halves the block table and the number of blocks a decode step "
-        "walks, and doubles the worst-case unused tail (up to BS-1 slots per sequence; BS/2 on "
-        "average). The paper (Fig. 18b) finds ShareGPT equally fast from 16 to 128 and Alpaca's "
+        "walks, and doubles the worst-case unused tail (up to BS-1 slots per sequence; (BS-1)/2, "
+        "about BS/2, on average). The paper (Fig. 18b) finds ShareGPT fastest anywhere from 16 "
+        "to 128 and Alpaca's "
         "short sequences slower with large blocks. In the answer's 33-token example, 48% and 94% "
         "are the same 31 unused slots over two denominators (slots allocated, tokens held): "
         "nothing rises from one to the other.",
@@ -176,11 +177,11 @@ def pitfall_block_size(ctx: Context) -> Answer:
                         f"{pct(float(np.sum(unused) / np.sum(lens + unused)))} / "
                         f"{nbytes(memory.block_table_bytes(2048, bs))}"))
     return Answer(
-        "Bigger is not better: the table shrinks, but every sequence's last block wastes BS/2 "
-        "slots on average, blocks are the granularity of sharing (prefix caching shares only full "
-        "blocks) and of swapping, and the kernel's work split depends on it. 16 balances these on "
-        "the paper's workloads (section 7.2, Fig. 18b); the table's size never matters (kilobytes "
-        "next to gigabytes of KV).",
+        "Bigger is not better: the table shrinks, but every sequence's last block wastes about "
+        "BS/2 slots ((BS-1)/2) on average, blocks are the granularity of sharing (prefix "
+        "caching shares only full blocks) and of swapping, and the kernel's work split depends "
+        "on it. 16 balances these on the paper's workloads (section 7.2, Fig. 18b); the table's "
+        "size never matters (kilobytes next to gigabytes of KV).",
         figures=figures,
         commands=[ctx.sim_command(block_size=bs) for bs in (16, 128)],
         verdicts=ctx.verdicts("sweet-spot-16"))

@@ -33,7 +33,8 @@ def why_16(ctx: Context) -> Answer:
     sweep = ctx.block_sweep()["alpaca"]
     return Answer(
         "Large enough that a warp's work per block and the table walk stay cheap, small enough "
-        "that the unused tail (BS/2 per sequence on average) stays small next to short sequences. "
+        "that the unused tail ((BS-1)/2, about BS/2, per sequence on average) stays small next to "
+        "short sequences. "
         "The paper (Fig. 18b, section 7.2): ShareGPT is fastest anywhere from 16 to 128; Alpaca "
         "(short requests) does well at 16-32 and degrades with larger blocks; vLLM defaults to 16 "
         "as good on most workloads. vLLM's legacy CUDA kernel is a template instantiated for 8, 16 "

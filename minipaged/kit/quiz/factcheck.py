@@ -63,7 +63,7 @@ def max_reservation_internal(ctx: Context) -> Finding:
     return finding(
         "max-reservation-internal", f"orca-max: internal fragmentation "
         f"{pct(u['internal_fragmentation'])}, reserved {pct(u['reserved'])} of KV memory",
-        "holds", "the paper: 57.3% internal fragmentation for Orca (Max) (Fig. 2)",
+        "holds", "the paper: about 57% internal fragmentation for Orca (Max) (read off Fig. 2)",
         internal_fragmentation=u["internal_fragmentation"])
 
 
@@ -73,7 +73,8 @@ def contiguous_external(ctx: Context) -> Finding:
     return finding(
         "contiguous-external", "external fragmentation while requests queue: "
         + ", ".join(f"{p} {pct(v)}" for p, v in ext.items()),
-        "holds", "the paper: 8.9% to 41.6% 'external fragmentation & others' (Fig. 2)", **ext)
+        "holds", "the paper: about 9% to 42% 'external fragmentation & others' (read off "
+        "Fig. 2)", **ext)
 
 
 @check
@@ -155,8 +156,8 @@ def utilization_after(ctx: Context) -> Finding:
     return finding(
         "utilization-after", f"paged (block 16): token states {pct(f['usage']['token'])} of "
         f"all KV memory, {pct(f['token_share_of_used'])} of the memory in use",
-        "holds", "the paper: 96.3% (Fig. 2); the waste is below one block per sequence "
-        "(section 4.3)",
+        "holds", "the paper: about 96% (read off Fig. 2); the waste is below one block per "
+        "sequence (section 4.3)",
         token=f["usage"]["token"], token_share_of_used=f["token_share_of_used"])
 
 

@@ -48,12 +48,14 @@ GLOSSARY: tuple[Term, ...] = (
          "all samples or beams of one request; scheduled and preempted together"),
     Term("prefix caching", "前缀缓存",
          "reuse full blocks of earlier requests found by a chained hash (vLLM v0 and v1)"),
-    Term("block hash", "块哈希", "hash(parent block's hash, this block's token ids)"),
+    Term("block hash", "块哈希",
+         "hash(parent block's hash, this block's token ids, extra keys such as a LoRA id)"),
     Term("eviction", "驱逐", "dropping a cached free block's hash when its memory is reused"),
     Term("continuous batching", "连续批处理",
          "iteration-level scheduling: requests join and leave the batch every step"),
     Term("preemption", "抢占", "taking a running group's blocks away when memory runs out"),
-    Term("swap", "换出/换入", "preemption by copying blocks to a CPU block pool and back"),
+    Term("swap", "换出/换入", "preemption by copying blocks to a CPU block pool and back (the "
+         "paper, vLLM v0; vLLM v1 only recomputes)"),
     Term("recompute", "重计算", "preemption by dropping blocks and re-running the prefill later"),
     Term("watermark", "水位线",
          "free blocks kept back at admission to avoid instant preemption (vLLM v0: 1% of "
@@ -69,7 +71,8 @@ GLOSSARY: tuple[Term, ...] = (
     Term("GQA (grouped-query attention)", "分组查询注意力",
          "H query heads share Hkv < H KV heads: the KV cache shrinks by H / Hkv"),
     Term("online softmax", "在线 softmax",
-         "softmax over tiles with a running max and sum (FlashAttention, the paged kernel)"),
+         "softmax over tiles with a running max and sum (FlashAttention; vLLM's v2 reduce merges "
+         "its partitions this way, while its paged kernel keeps the logits in shared memory)"),
     Term("thread block", "线程块",
          "CUDA's unit of work on one SM; vLLM's paged kernel and minipaged's v1/v2 run one per "
          "(query head, sequence), minipaged's v3/v4 one per (KV head, sequence) for up to 8 of "
