@@ -289,6 +289,15 @@ def test_release_twice(cache):
 def test_usage_bad_need(cache, need):
     with pytest.raises(ValueError, match=f"need={need}"):
         cache.usage(need=need)
+    with pytest.raises(ValueError, match=f"need={need}"):
+        cache.breakdown(need=need)
+
+
+@pytest.mark.parametrize("need", [7.5, "3", True])
+def test_usage_need_of_the_wrong_type(cache, need):
+    for count in (cache.usage, cache.breakdown):
+        with pytest.raises(TypeError, match=f"need={need!r} must be an integer"):
+            count(need)
 
 
 # ---- stateful model -----------------------------------------------------------------------------

@@ -201,3 +201,28 @@ def test_a_new_seq_id_must_be_findable_again(prefix):
         with pytest.raises(err, match="child_seq_id="):
             m.fork(1, bad)
     assert m.num_free_blocks == 3 and m.block_table(1) == [0]
+
+
+def test_usage_checks_final_lens_before_counting():
+    """``final_lens`` maps live seq ids to ints >= their length now: a float was truncated (7.5
+    counted as 7), a shorter length, an unknown id or a list went through or broke elsewhere."""
+    m = KVCacheManager(10, 4, num_cpu_blocks=4)
+    m.allocate("a", [1, 2, 3])
+    m.allocate("s", [1])
+    m.swap_out(["s"])
+    before = snapshot(m)
+    for bad, err, match in (
+            ({"a": 7.5}, TypeError, r"final_lens\['a'\]=7.5 must be an integer"),
+            ({"a": None}, TypeError, r"final_lens\['a'\]=None must be an integer"),
+            ({"a": True}, TypeError, r"final_lens\['a'\]=True must be an integer, not a bool"),
+            ({"a": 2}, ValueError, r"final_lens\['a'\]=2 is out of range: expected >= 3"),
+            ({"a": -1}, ValueError, r"final_lens\['a'\]=-1 is out of range"),
+            ({"zz": 5}, KeyError, "final_lens names seq_id='zz', which is not allocated"),
+            ([1, 2], TypeError, "final_lens must be a mapping of seq ids to final lengths")):
+        for usage in (m.usage, m.usage_slow):
+            with pytest.raises(err, match=match):
+                usage(bad)
+    assert snapshot(m) == before
+    u = m.usage({"a": np.int64(7), "s": 1})  # a swapped sequence is live too
+    assert u == m.usage_slow({"a": 7}) and (u.token, u.reserved) == (3, 1)
+

@@ -129,8 +129,9 @@ def test_core_budgets():
     # The design budget for the core path is 2,700 lines; it is not met yet (the closing notes
     # report the figure). Until it is, this ratchet keeps the core from growing. (It rose from
     # 3,030 to 3,070 for the checks a bad step result and a bad id got: before them, a failed
-    # Scheduler.update had already changed sequences.)
-    assert sum(lines.values()) <= 3070, f"core path is {sum(lines.values())} lines (> 3,070)"
+    # Scheduler.update had already changed sequences; then to 3,083 for the check of
+    # BlockManager.usage's final_lens, which truncated a float and ignored an unknown id.)
+    assert sum(lines.values()) <= 3083, f"core path is {sum(lines.values())} lines (> 3,083)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
