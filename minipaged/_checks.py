@@ -40,6 +40,13 @@ def check_int(name: str, value: object, *, low: int | None = None,
     return v
 
 
+def check_bool(name: str, value: object) -> bool:
+    """A Python or NumPy bool, never a truthy stand-in (``'no'`` would read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r:.60} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def check_float(name: str, value: object, *, low: float | None = None) -> float:
     """``value`` as a finite Python float (ints and NumPy floats accepted, bools refused)."""
     numbers = (int, float, np.integer, np.floating)

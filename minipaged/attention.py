@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged._checks import check_dtype
+from minipaged._checks import check_bool, check_dtype
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
@@ -161,7 +161,7 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float
                          "H, Hkv, D >= 1")
     if H % Hkv:
         raise ValueError(f"H={H} query heads is not a multiple of Hkv={Hkv} KV heads")
-    if causal and T > Tk:
+    if check_bool("causal", causal) and T > Tk:
         raise ValueError(f"causal attention with T={T} queries needs at least T keys, got Tk={Tk}"
                          " (the queries are the last T of the Tk positions)")
     check_tile(tile)

@@ -207,6 +207,15 @@ def test_rejects_bad_tile(tile):
         dense_attention(*_qkv(), tile=tile)
 
 
+@pytest.mark.parametrize("causal", ["no", None, 0])
+def test_rejects_a_causal_flag_that_is_not_a_bool(causal):
+    # 'no' is truthy: it was attended causally, a wrong answer to the question asked.
+    with pytest.raises(TypeError, match=f"causal={causal!r} must be a bool"):
+        dense_attention(*_qkv(), causal=causal)
+    assert np.array_equal(dense_attention(*_qkv(), causal=np.False_),
+                          dense_attention(*_qkv(), causal=False))
+
+
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1"])
 def test_rejects_bad_scale(scale):
     with pytest.raises(ValueError, match="scale=.* must be None"):

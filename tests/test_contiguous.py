@@ -169,6 +169,8 @@ def test_release_everything_restores_the_arena():
     (dict(max_seq_len=600), ValueError, "cannot place even one max_seq_len=600.*1024.*512"),
     (dict(max_seq_len=0), ValueError, "max_seq_len=0"),
     (dict(dtype=np.int32, max_seq_len=8), TypeError, "dtype=int32 must be a floating-point dtype"),
+    (dict(exact_fit="no", max_seq_len=8), TypeError, "exact_fit='no' must be a bool"),  # was True
+    (dict(store_kv=None, max_seq_len=8), TypeError, "store_kv=None must be a bool"),  # was False
 ])
 def test_bad_constructor_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):

@@ -226,3 +226,20 @@ def test_usage_checks_final_lens_before_counting():
     u = m.usage({"a": np.int64(7), "s": 1})  # a swapped sequence is live too
     assert u == m.usage_slow({"a": 7}) and (u.token, u.reserved) == (3, 1)
 
+
+def test_flags_are_bools_not_truthy_values():
+    """'yes' turned prefix caching on and None turned it off; cache=None skipped caching."""
+    for bad in ("yes", None, 1):
+        with pytest.raises(TypeError, match=f"enable_prefix_caching={bad!r} must be a bool"):
+            KVCacheManager(10, 16, enable_prefix_caching=bad)
+    assert KVCacheManager(10, 16, enable_prefix_caching=np.True_).enable_prefix_caching is True
+    for prefix in (False, True):
+        m = KVCacheManager(10, 4, enable_prefix_caching=prefix)
+        m.allocate("a", [1, 2, 3, 4, 5])
+        before = snapshot(m)
+        for bad in (None, "no", 0):
+            with pytest.raises(TypeError, match=f"cache={bad!r} must be a bool"):
+                m.allocate("c", [1, 2, 3, 4, 5], cache=bad)
+        assert snapshot(m) == before
+        assert m.allocate("c", [1, 2, 3, 4, 5], cache=np.False_) == 4 * prefix
+

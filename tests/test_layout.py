@@ -130,8 +130,10 @@ def test_core_budgets():
     # report the figure). Until it is, this ratchet keeps the core from growing. (It rose from
     # 3,030 to 3,070 for the checks a bad step result and a bad id got: before them, a failed
     # Scheduler.update had already changed sequences; then to 3,083 for the check of
-    # BlockManager.usage's final_lens, which truncated a float and ignored an unknown id.)
-    assert sum(lines.values()) <= 3083, f"core path is {sum(lines.values())} lines (> 3,083)"
+    # BlockManager.usage's final_lens, which truncated a float and ignored an unknown id; to
+    # 3,108 for flags that must be bools, check_bool and its calls: 'no' was True, None False;
+    # 14 of the 25 lines are two imports that ruff wraps one name per line.)
+    assert sum(lines.values()) <= 3108, f"core path is {sum(lines.values())} lines (> 3,108)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

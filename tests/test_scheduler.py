@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from minipaged.serving.memory_policy import make_policy
@@ -52,6 +53,11 @@ def test_bad_configs():
         SchedulerConfig(max_num_batched_tokens=100, max_model_len=2048)
     with pytest.raises(ValueError, match="watermark"):
         paged(watermark=1.5)
+    # A truthy stand-in was stored as the flag ('yes' is not True); None dropped the outputs.
+    for flag, bad in (("chunked_prefill", "yes"), ("keep_outputs", None), ("keep_outputs", 1)):
+        with pytest.raises(TypeError, match=f"{flag}={bad!r} must be a bool"):
+            SchedulerConfig(**{flag: bad})
+    assert SchedulerConfig(chunked_prefill=np.True_).token_budget == 512
 
 
 def test_contiguous_policies_refuse_sharing():

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from minipaged._checks import check_int
+from minipaged._checks import check_bool, check_int
 from minipaged.contiguous.buddy import BuddyAllocator, OutOfMemoryError, next_pow2
 from minipaged.contiguous.usage import KVUsage
 
@@ -84,8 +84,9 @@ class ContiguousKVCache:
                 f"num_slots={num_slots} cannot place even one max_seq_len={max_seq_len} request: "
                 f"that needs a buddy block of {next_pow2(self.max_seq_len)} slots and the "
                 f"largest one is {largest_block}; raise num_slots or lower max_seq_len")
-        self.policy, self.exact_fit, self.store_kv = policy, bool(exact_fit), bool(store_kv)
-        self.dtype = np.dtype(dtype)
+        self.exact_fit = check_bool("exact_fit", exact_fit)
+        self.store_kv = check_bool("store_kv", store_kv)
+        self.policy, self.dtype = policy, np.dtype(dtype)
         if self.dtype.kind != "f":
             raise TypeError(f"dtype={self.dtype} must be a floating-point dtype")
         if self.store_kv:  # [num_slots, Hkv, D] each; zeros so a fresh arena is deterministic

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from minipaged._checks import check_choice, check_float, check_int, check_seq_id, check_token_ids
+from minipaged._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_seq_id,
+    check_token_ids,
+)
 from minipaged.serving.memory_policy import MemoryPolicy
 from minipaged.sharing.sequence import (
     FINISHED,
@@ -40,6 +47,8 @@ class SchedulerConfig:
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         check_int("max_num_seqs", self.max_num_seqs, low=1)
         check_int("max_model_len", self.max_model_len, low=1)
+        check_bool("chunked_prefill", self.chunked_prefill)
+        check_bool("keep_outputs", self.keep_outputs)
         b = check_int("max_num_batched_tokens", self.token_budget, low=1)
         if not self.chunked_prefill and b < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={b} must be >= max_model_len="

@@ -34,7 +34,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
-from minipaged._checks import OutOfBlocksError, cdiv, check_callable, check_int, check_token_ids
+from minipaged._checks import (
+    OutOfBlocksError,
+    cdiv,
+    check_bool,
+    check_callable,
+    check_int,
+    check_token_ids,
+)
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.block_manager import SeqId
 from minipaged.sharing.cow import CowBlockManager
@@ -141,7 +148,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         super().__init__(num_blocks, block_size)
         self.hash_fn: HashFn = default_block_hash if hash_fn is None else check_callable(
             "hash_fn", hash_fn)
-        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
         self._hashes: dict[SeqId, list[Hashable]] = {}  # seq -> chain hash of its full blocks
@@ -189,6 +196,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         multiple of BS). All or nothing, also when hash_fn raises. ``cache=False`` (chunked
         prefill): no block is findable before ``cache_blocks`` says its K/V are written (vLLM
         caches computed blocks only: vllm/v1/core/kv_cache_manager.py allocate_slots)."""
+        check_bool("cache", cache)
         if not self.enable_prefix_caching:
             return super().allocate(seq_id, token_ids)
         seq_id = self._check_new("seq_id", seq_id)
