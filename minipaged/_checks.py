@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable, Iterable
 
 import numpy as np
 
+SIZE_LIMIT = 2**31  # every count and size is < 2**31: block ids are int32 in tables (vLLM's too)
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: the number of blocks of ``b`` slots that ``a`` tokens need."""

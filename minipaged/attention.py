@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged._checks import check_bool, check_dtype
+from minipaged._checks import SIZE_LIMIT, check_bool, check_dtype
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
@@ -28,8 +28,8 @@ def accumulation_dtype(dtype: np.dtype) -> np.dtype:
 
 def check_tile(tile: int | None) -> None:
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, (int, np.integer))
-                             or tile < 1):
-        raise ValueError(f"tile={tile!r} must be None (plain softmax) or a positive int "
+                             or not 1 <= tile < SIZE_LIMIT):
+        raise ValueError(f"tile={tile!r} must be None (plain softmax) or an int in [1, 2**31) "
                          "(online softmax over tiles of that many keys)")
 
 

@@ -201,7 +201,7 @@ def test_rejects_empty_context():
         dense_attention(q, k, v, causal=False)
 
 
-@pytest.mark.parametrize("tile", [0, -3, 2.5, True])
+@pytest.mark.parametrize("tile", [0, -3, 2.5, True, 2**31, 10**30])  # 10**30: numpy's words
 def test_rejects_bad_tile(tile):
     with pytest.raises(ValueError, match=rf"tile={tile!r} must be None"):
         dense_attention(*_qkv(), tile=tile)

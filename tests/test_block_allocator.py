@@ -64,6 +64,8 @@ def test_allocate_many_is_all_or_nothing():
     (0, ValueError, "num_blocks=0"), (-3, ValueError, "num_blocks=-3"),
     (2.5, TypeError, "num_blocks=2.5"), ("8", TypeError, "num_blocks='8'"),
     (True, TypeError, "bool"),
+    (2**31, ValueError, r"num_blocks=2147483648 is out of range: expected in \[1, 2147483648\)"),
+    (10**30, ValueError, "num_blocks=10{30} is out of range"),  # was a bare OverflowError
 ])
 def test_bad_num_blocks(bad, exc, words):
     with pytest.raises(exc, match=words):

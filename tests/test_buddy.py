@@ -89,7 +89,7 @@ def test_external_fragmentation_example():
 
 # ---- bad inputs: one test each ------------------------------------------------------------------
 
-@pytest.mark.parametrize("n", [0, -4])
+@pytest.mark.parametrize("n", [0, -4, 2**31, 10**30])  # slot offsets are int32 too
 def test_bad_num_slots_value(n):
     with pytest.raises(ValueError, match=f"num_slots={n}"):
         BuddyAllocator(n)

@@ -178,10 +178,13 @@ def test_bad_constructor_arguments(kwargs, exc, match):
 
 
 @pytest.mark.parametrize("name, args", [("num_kv_heads", (16, 0, 4)), ("head_size", (16, 2, -1)),
-                                        ("num_slots", (0, 2, 4))])
+                                        ("num_slots", (0, 2, 4)), ("num_slots", (10**10, 2, 8)),
+                                        ("num_slots", (10**30, 2, 8))])
 def test_bad_sizes(name, args):
+    # 10**10 slots was a MemoryError allocating the arena, 10**30 numpy's "Maximum allowed
+    # dimension exceeded": slot offsets are int32 (< 2**31), checked before anything is made.
     with pytest.raises(ValueError, match=name):
-        ContiguousKVCache(*args, max_seq_len=1)
+        ContiguousKVCache(*args, max_seq_len=1, store_kv=args[0] < 2**31)
 
 
 @pytest.fixture

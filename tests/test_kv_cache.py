@@ -243,3 +243,12 @@ def test_flags_are_bools_not_truthy_values():
         assert snapshot(m) == before
         assert m.allocate("c", [1, 2, 3, 4, 5], cache=np.False_) == 4 * prefix
 
+
+@pytest.mark.parametrize("name", ["num_blocks", "num_cpu_blocks"])
+@pytest.mark.parametrize("n", [2**31, 10**30])
+def test_sizes_are_below_2_31_like_int32_block_ids(name, n):
+    """10**30 blocks raised a bare OverflowError that named nothing."""
+    with pytest.raises(ValueError, match=rf"{name}={n} is out of range: expected in "
+                                         r"\[[01], 2147483648\)"):
+        KVCacheManager(**(dict(num_blocks=4, block_size=16) | {name: n}))
+

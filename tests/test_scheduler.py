@@ -53,6 +53,9 @@ def test_bad_configs():
         SchedulerConfig(max_num_batched_tokens=100, max_model_len=2048)
     with pytest.raises(ValueError, match="watermark"):
         paged(watermark=1.5)
+    for n in (2**31, 10**30):  # as every size: < 2**31
+        with pytest.raises(ValueError, match=f"max_model_len={n} is out of range"):
+            SchedulerConfig(max_model_len=n, chunked_prefill=True)
     # A truthy stand-in was stored as the flag ('yes' is not True); None dropped the outputs.
     for flag, bad in (("chunked_prefill", "yes"), ("keep_outputs", None), ("keep_outputs", 1)):
         with pytest.raises(TypeError, match=f"{flag}={bad!r} must be a bool"):

@@ -123,6 +123,8 @@ def test_swap_in_with_prefix_caching_makes_blocks_findable_again():
 def test_cpu_pool_bad_shape():
     with pytest.raises(ValueError, match="num_blocks=0"):
         CPUBlockPool(0, 2, 2, 4)
+    with pytest.raises(ValueError, match=r"num_blocks=10{30} is out of range"):  # numpy's words
+        CPUBlockPool(10**30, 2, 2, 4)
     pool = CPUBlockPool(2, 2, 2, 4)
     kc = np.zeros((4, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="block shapes differ"):

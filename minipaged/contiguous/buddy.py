@@ -22,7 +22,7 @@ Invariants (tests/invariants.py, after every step of tests/test_buddy.py):
 
 from __future__ import annotations
 
-from minipaged._checks import OutOfBlocksError, check_int
+from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_int
 
 
 class OutOfMemoryError(OutOfBlocksError):
@@ -48,7 +48,7 @@ class BuddyAllocator:
     blocks of one order the lowest offset goes first, so the same calls give the same layout."""
 
     def __init__(self, num_slots: int) -> None:
-        self.num_slots = check_int("num_slots", num_slots, low=1)
+        self.num_slots = check_int("num_slots", num_slots, low=1, high=SIZE_LIMIT)
         self.max_order = self.num_slots.bit_length() - 1  # largest block: 2**max_order slots
         self._free: list[set[int]] = [set() for _ in range(self.max_order + 1)]  # per order
         self._live: dict[int, int] = {}  # offset -> slots held by that allocation

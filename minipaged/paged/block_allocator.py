@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from minipaged._checks import OutOfBlocksError, check_int
+from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_int
 
 __all__ = ["BlockAllocator", "OutOfBlocksError", "check_int"]
 
@@ -27,7 +27,7 @@ class BlockAllocator:
     a fresh allocator hands out 0, 1, 2, ..., which keeps lessons readable."""
 
     def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = check_int("num_blocks", num_blocks, low=1)
+        self.num_blocks = check_int("num_blocks", num_blocks, low=1, high=SIZE_LIMIT)
         self._ref: list[int] = [0] * self.num_blocks
         self._free = list(range(self.num_blocks - 1, -1, -1))
 

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minipaged._checks import (
+    SIZE_LIMIT,
     check_bool,
     check_choice,
     check_float,
@@ -46,7 +47,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         check_int("max_num_seqs", self.max_num_seqs, low=1)
-        check_int("max_model_len", self.max_model_len, low=1)
+        check_int("max_model_len", self.max_model_len, low=1, high=SIZE_LIMIT)
         check_bool("chunked_prefill", self.chunked_prefill)
         check_bool("keep_outputs", self.keep_outputs)
         b = check_int("max_num_batched_tokens", self.token_budget, low=1)

@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from minipaged._checks import OutOfBlocksError, check_int, check_seq_id
+from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_int, check_seq_id
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.cache_ops import swap_blocks
 from minipaged.sharing.prefix_cache import HashFn, PrefixCachingBlockManager
@@ -36,9 +36,9 @@ class KVCacheManager(PrefixCachingBlockManager):
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, hash_fn: HashFn | None = None) -> None:
+        n = check_int("num_cpu_blocks", num_cpu_blocks, low=0, high=SIZE_LIMIT)
         super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
                          hash_fn=hash_fn)
-        n = check_int("num_cpu_blocks", num_cpu_blocks, low=0)
         self.cpu_allocator = BlockAllocator(n) if n else None
         self._swapped: dict[Hashable, list[int]] = {}  # seq -> CPU block per logical block
 
@@ -150,7 +150,7 @@ class CPUBlockPool:
 
     def __init__(self, num_blocks: int, num_kv_heads: int, block_size: int, head_size: int,
                  dtype: np.dtype | type = np.float32) -> None:
-        shape = (check_int("num_blocks", num_blocks, low=1),
+        shape = (check_int("num_blocks", num_blocks, low=1, high=SIZE_LIMIT),
                  check_int("num_kv_heads", num_kv_heads, low=1),
                  check_int("block_size", block_size, low=1),
                  check_int("head_size", head_size, low=1))
