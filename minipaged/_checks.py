@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping, Set
 
 import numpy as np
 
@@ -64,9 +64,9 @@ def check_float(name: str, value: object, *, low: float | None = None) -> float:
 
 def check_token_ids(name: str, token_ids: Iterable[int]) -> list[int]:
     """A fresh, non-empty list of Python int token ids (>= 0); an error naming ``name``."""
-    if isinstance(token_ids, (str, bytes)):
+    if isinstance(token_ids, (str, bytes, Mapping, Set)):  # a dict or a set has no token order
         raise TypeError(f"{name}={token_ids!r:.60} must be a sequence of integer token ids, "
-                        "not a string")
+                        f"not a {type(token_ids).__name__}")
     try:
         tokens = list(token_ids)
     except TypeError:
@@ -112,10 +112,16 @@ def check_choice(name: str, value: object, choices: Iterable[object]) -> object:
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
-def check_dtype(name: str, dtype: np.dtype) -> None:
-    if np.dtype(dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}.dtype={np.dtype(dtype)} is not supported; expected one of "
-                        "float16, float32, float64")
+def check_dtype(name: str, dtype: object) -> np.dtype:
+    """One of ``SUPPORTED_DTYPES``; None (NumPy would read float64) and unknown names refused."""
+    try:
+        dt = None if dtype is None else np.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or dt not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}={repr(dtype)[:60] if dt is None else dt} is not supported; "
+                        "expected one of float16, float32, float64")
+    return dt
 
 
 # ---- attention inputs: queries, block tables and sequence lengths (paged attention) --------
@@ -174,7 +180,7 @@ def check_query(query: np.ndarray, key_cache: np.ndarray, rows: int | None,
         raise TypeError(f"query must be a numpy array, got {type(query).__name__}")
     if query.ndim != 3:
         raise ValueError(f"query must be [{rows_name}, H, D] (3-D), got shape {query.shape}")
-    check_dtype("query", query.dtype)
+    check_dtype("query.dtype", query.dtype)
     if query.dtype != key_cache.dtype:
         raise TypeError(f"query.dtype={query.dtype} != key_cache.dtype={key_cache.dtype}")
     _, Hkv, _, D = key_cache.shape

@@ -147,7 +147,7 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float
             raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
         if x.ndim != 3:
             raise ValueError(f"{name} must be 3-D ([{dims}]), got shape {x.shape}")
-        check_dtype(name, x.dtype)
+        check_dtype(f"{name}.dtype", x.dtype)
     if k.shape != v.shape:
         raise ValueError(f"k.shape={k.shape} != v.shape={v.shape}; expected both [Tk, Hkv, D]")
     if k.dtype != q.dtype or v.dtype != q.dtype:

@@ -168,7 +168,9 @@ def test_release_everything_restores_the_arena():
     (dict(max_seq_len=2000), ValueError, r"max_seq_len=2000 is out of range: expected in \[1, 10"),
     (dict(max_seq_len=600), ValueError, "cannot place even one max_seq_len=600.*1024.*512"),
     (dict(max_seq_len=0), ValueError, "max_seq_len=0"),
-    (dict(dtype=np.int32, max_seq_len=8), TypeError, "dtype=int32 must be a floating-point dtype"),
+    (dict(dtype=np.int32, max_seq_len=8), TypeError, "dtype=int32 is not supported; expected"),
+    (dict(dtype="foo", max_seq_len=8), TypeError, "dtype='foo' is not supported"),  # unnamed
+    (dict(dtype=None, max_seq_len=8), TypeError, "dtype=None is not supported"),  # was float64
     (dict(exact_fit="no", max_seq_len=8), TypeError, "exact_fit='no' must be a bool"),  # was True
     (dict(store_kv=None, max_seq_len=8), TypeError, "store_kv=None must be a bool"),  # was False
 ])
@@ -197,6 +199,17 @@ def cache():
 def test_reserve_duplicate_seq_id(cache):
     with pytest.raises(ValueError, match="seq_id='a' already holds a reservation"):
         cache.reserve("a", 1, 2)
+
+
+def test_reserve_refuses_an_id_that_could_not_be_found_again(cache):
+    """A list was a bare "unhashable type"; True would be request 1, a NaN never found."""
+    before = (cache.seq_ids, cache.num_free, cache.breakdown())
+    for bad, err, match in ((["b"], TypeError, r"seq_id=\['b'\] must be hashable"),
+                            (True, TypeError, "seq_id=True must not be a bool"),
+                            (float("nan"), ValueError, "seq_id=nan is not equal to itself")):
+        with pytest.raises(err, match=match):
+            cache.reserve(bad, 4, 8)
+    assert (cache.seq_ids, cache.num_free, cache.breakdown()) == before
 
 
 @pytest.mark.parametrize("prompt_len, final_len, match", [

@@ -252,3 +252,16 @@ def test_sizes_are_below_2_31_like_int32_block_ids(name, n):
                                          r"\[[01], 2147483648\)"):
         KVCacheManager(**(dict(num_blocks=4, block_size=16) | {name: n}))
 
+
+def test_token_ids_must_have_an_order():
+    """A dict was read as its keys and a set in its own order: neither is a sequence."""
+    m = KVCacheManager(4, 2)
+    m.allocate("a", [1, 2, 3])
+    before = snapshot(m)
+    for bad, kind in (({1: 2}, "dict"), ({3, 1, 2}, "set"), (frozenset({1}), "frozenset")):
+        with pytest.raises(TypeError, match=f"token_ids=.* must be a sequence of integer token "
+                                            f"ids, not a {kind}$"):
+            m.allocate("c", bad)
+        with pytest.raises(TypeError, match=f"not a {kind}$"):
+            m.blocks_to_allocate(bad)
+    assert snapshot(m) == before

@@ -176,7 +176,7 @@ def test_add_request_checks_every_argument_before_queueing_anything():
     for bad, kind, msg in [
         (dict(prompt_token_ids=[1, "x"]), TypeError, r"request 7: prompt_token_ids\[1\]='x'"),
         (dict(prompt_token_ids=[1, -2]), ValueError, r"prompt_token_ids\[1\]=-2"),
-        (dict(prompt_token_ids="abc"), TypeError, "not a string"),
+        (dict(prompt_token_ids="abc"), TypeError, "not a str"),
         (dict(output_len=2.5), TypeError, "output_len=2.5"),
         (dict(n=True), TypeError, "n=True"),
         (dict(arrival_s=float("nan")), ValueError, "arrival_s=nan"),

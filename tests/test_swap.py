@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from invariants import check_invariants
+from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
 from minipaged.paged.cache_ops import reshape_and_cache
@@ -95,6 +96,21 @@ def test_swap_bad_inputs():
         m.swap_out(["b"])
     with pytest.raises(ValueError, match="num_cpu_blocks=-1"):
         KVCacheManager(4, 2, num_cpu_blocks=-1)
+
+
+def test_a_group_is_a_collection_of_ids_not_one_id():
+    """swap_out('a') read the string as the group ['a'] (and swapped sequence 'a' out); 5 and a
+    bytes id failed with "not iterable" or on its first byte."""
+    m = KVCacheManager(4, 2, num_cpu_blocks=4)
+    m.allocate("a", [1])
+    m.allocate(5, [2])
+    before = snapshot(m)
+    for call in (m.swap_out, m.swap_in, m.preempt_by_recompute):
+        for bad, kind in (("a", "str"), (b"a", "bytes"), (5, "int")):
+            with pytest.raises(TypeError, match=rf"seq_ids={bad!r} must be a list of seq ids "
+                                                rf"\(a group\), got {kind}"):
+                call(bad)
+    assert snapshot(m) == before
 
 
 def test_recompute_frees_and_reports_tokens():

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from minipaged._checks import check_bool, check_int
+from minipaged._checks import check_bool, check_dtype, check_int, check_seq_id
 from minipaged.contiguous.buddy import BuddyAllocator, OutOfMemoryError, next_pow2
 from minipaged.contiguous.usage import KVUsage
 
@@ -86,9 +86,7 @@ class ContiguousKVCache:
                 f"largest one is {largest_block}; raise num_slots or lower max_seq_len")
         self.exact_fit = check_bool("exact_fit", exact_fit)
         self.store_kv = check_bool("store_kv", store_kv)
-        self.policy, self.dtype = policy, np.dtype(dtype)
-        if self.dtype.kind != "f":
-            raise TypeError(f"dtype={self.dtype} must be a floating-point dtype")
+        self.policy, self.dtype = policy, check_dtype("dtype", dtype)
         if self.store_kv:  # [num_slots, Hkv, D] each; zeros so a fresh arena is deterministic
             shape = (self.num_slots, self.num_kv_heads, self.head_size)
             self.key_arena = np.zeros(shape, self.dtype)
@@ -116,7 +114,7 @@ class ContiguousKVCache:
         """Reserve a new request's region; return its offset. OutOfMemoryError (the cache
         unchanged) when no free region fits; ValueError for a live ``seq_id`` or bad lengths."""
         size = self.reservation_size(prompt_len, final_len)
-        if seq_id in self._seqs:
+        if check_seq_id("seq_id", seq_id, new=True) in self._seqs:
             raise ValueError(f"seq_id={seq_id!r} already holds a reservation; release it first")
         try:
             offset = self.allocator.alloc(size, exact=self.exact_fit)

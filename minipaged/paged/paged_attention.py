@@ -51,7 +51,7 @@ def _check_caches(key_cache: np.ndarray, value_cache: np.ndarray) -> tuple[int, 
     # The checks of every cache op, plus what the arithmetic needs: a float dtype, C order.
     check_caches(key_cache, value_cache)
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        check_dtype(name, c.dtype)
+        check_dtype(f"{name}.dtype", c.dtype)
         if not c.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (the one cache layout "
                              "[NB, Hkv, BS, D]); got a strided view")

@@ -64,6 +64,9 @@ class KVCacheManager(PrefixCachingBlockManager):
         return super()._no_table_error(seq_id)
 
     def _group(self, seq_ids: Iterable[Hashable], where: str) -> list[Hashable]:
+        if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):  # 'a' is one id
+            raise TypeError(f"{where}: seq_ids={seq_ids!r:.60} must be a list of seq ids (a "
+                            f"group), got {type(seq_ids).__name__}")
         ids = [check_seq_id(f"seq_ids[{i}]", s) for i, s in enumerate(seq_ids)]
         if not ids:
             raise ValueError(f"{where}: seq_ids is empty")
