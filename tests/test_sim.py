@@ -332,3 +332,29 @@ def test_simulate_refuses_what_is_not_a_config_or_a_callback():
         simulate(SimConfig(num_requests=5), progress=lambda a, b: None, progress_every=0)
     with pytest.raises(TypeError, match="progress=5 must be a callable"):
         simulate(SimConfig(num_requests=5), progress=5)
+
+
+# ---- refused before anything runs ------------------------------------------------------------
+
+
+def test_simulate_refuses_a_run_too_big_for_this_machine(monkeypatch, tmp_path):
+    """The command line's memory rule, applied by simulate() itself before it allocates: 10**9
+    requests were drawn first (7 GiB of arrival times), 10**6 GiB of KV became 82M blocks."""
+    from minipaged.sim import host
+
+    monkeypatch.setattr(host, "available_memory", lambda: 8 * GiB)  # 4 GiB may be used
+    for kw, match in (
+            (dict(num_requests=10**9), "num_requests=1000000000 would need about 7.28 TiB of "
+                                       r"memory; at most 4.00 GiB \(half of what is available\)"),
+            (dict(num_requests=10**30), "num_requests=10{30} would need about"),
+            (dict(num_requests=10**6, n=4), "num_requests=1000000 x 4 sequences would need"),
+            (dict(num_requests=5, kv_cache_gb=10**6),
+             r"num_requests=5 with kv_cache_gb=1e\+06 \(81,920,000 simulated blocks\) would"),
+            (dict(num_requests=5, num_slots=10**9), r"with num_slots=1000000000 \(62,500,000 "),
+            (dict(num_requests=5, swap_space_blocks=2**31 - 1, preemption_mode="swap"),
+             r"with swap_space_blocks=2147483647 \(2,147,483,647 simulated blocks\)")):
+        with pytest.raises(ValueError, match=match):
+            simulate(SimConfig(**kw))
+    trace = tmp_path / "one.jsonl"  # a trace counts its own requests, not num_requests
+    trace.write_text('{"prompt_len": 5, "output_len": 3}\n')
+    assert simulate(SimConfig(workload=str(trace), num_requests=10**9)).num_finished == 1

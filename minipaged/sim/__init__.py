@@ -4,7 +4,8 @@ Read in this order: ``workloads.py`` (who asks for how many tokens, and when), `
 (how many token slots a model leaves on a GPU; ``minipaged kv-calc``), ``cost.py`` (how long a
 step takes), ``executor.py`` (the stand-in model: step times and tokens), ``simulator.py`` (the
 loop; ``minipaged simulate``), ``experiments.py`` (the paper's figures;
-``minipaged experiment N``). The command-line glue is in ``kit/cli/simulation.py``.
+``minipaged experiment N``); ``host.py`` refuses a run too big for this machine. The
+command-line glue is in ``kit/cli/simulation.py``.
 """
 
 
@@ -13,3 +14,12 @@ def pct(x: float | None) -> str:
     of the simulator and the quiz. Here, not in experiments.py, so that a table can use it
     without loading the simulator."""
     return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def nbytes(n: float) -> str:
+    """Bytes with a binary unit: 512 B, 8.00 KiB, 1.25 GiB (here for ``host.py``'s refusals)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} PiB"

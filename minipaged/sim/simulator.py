@@ -36,8 +36,9 @@ from minipaged.serving.memory_policy import PagedPolicy, make_policy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig
 from minipaged.sim.cost import CostModel
 from minipaged.sim.executor import SimExecutor
+from minipaged.sim.host import check_sim_size
 from minipaged.sim.memory import check_block_size, preset
-from minipaged.sim.workloads import make_workload, prompt_token_ids
+from minipaged.sim.workloads import WORKLOADS, make_workload, prompt_token_ids
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,19 @@ class SimResult:
 
 
 def build(cfg: SimConfig):
-    """The pieces of a run: (requests, scheduler, executor, token_slots)."""
+    """The pieces of a run: (requests, scheduler, executor, token_slots); a run too big for
+    this machine is refused before any of them is made (``host.check_sim_size``)."""
     p = preset(cfg.model, kv_cache_gb=cfg.kv_cache_gb)
     slots = cfg.num_slots if cfg.num_slots is not None else p.num_token_slots
     max_len = p.model.max_model_len
-    reqs = make_workload(cfg.workload, cfg.num_requests, request_rate=cfg.request_rate,
-                         seed=cfg.seed, max_model_len=max_len)
+    kw = dict(request_rate=cfg.request_rate, seed=cfg.seed, max_model_len=max_len)
+    synthetic = cfg.workload in WORKLOADS  # made after the size check; a trace is read first
+    reqs = [] if synthetic else make_workload(cfg.workload, cfg.num_requests, **kw)
+    check_sim_size(cfg.num_requests if synthetic else len(reqs), max(cfg.n, cfg.beam_width),
+                   model=cfg.model, kv_cache_gb=cfg.kv_cache_gb, num_slots=cfg.num_slots,
+                   block_size=cfg.block_size if cfg.policy == "paged" else None,
+                   swap_space_blocks=cfg.swap_space_blocks)
+    reqs = make_workload(cfg.workload, cfg.num_requests, **kw) if synthetic else reqs
     num_blocks = slots // cfg.block_size
     cpu = cfg.swap_space_blocks if cfg.swap_space_blocks is not None else num_blocks
     policy = make_policy(cfg.policy, num_slots=slots, block_size=cfg.block_size,

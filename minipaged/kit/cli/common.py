@@ -4,7 +4,8 @@ A runner checks what the parser cannot (sizes against the memory there is, files
 readable), then calls the package's plain functions and prints. A refusal is a ValueError
 whose message names the argument, its value and what was expected; ``main`` prints it, as one
 line, when ``user_errors`` counts its kind, described by ``describe``. The ``bench`` runners
-(``minipaged/kit/bench/``) use the same memory checks, progress bar and tables.
+(``minipaged/kit/bench/``) use the same memory checks, progress bar and tables. The memory
+rule is ``minipaged/sim/host.py``'s, which ``simulate`` applies too; it is imported from here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import sys
 from contextlib import contextmanager
 
@@ -20,7 +20,9 @@ from rich.table import Table
 
 from minipaged._checks import OutOfBlocksError
 from minipaged._install import TORCH_HINT
-from minipaged.sim.memory import preset
+from minipaged.sim.host import SIM_BYTES_PER_BLOCK as SIM_BYTES_PER_BLOCK
+from minipaged.sim.host import check_sim_size as check_sim_size
+from minipaged.sim.host import refuse_if_too_big as refuse_if_too_big
 
 # ---- errors and sizes --------------------------------------------------------------------------
 
@@ -49,56 +51,6 @@ def describe(e: BaseException) -> str:
     if isinstance(e, MemoryError):
         return f"out of memory {e}".strip()
     return " ".join(str(e).split()) or type(e).__name__
-
-
-def available_memory() -> int:
-    """Bytes this process could still allocate: the system's available memory (its physical
-    memory where there is no /proc/meminfo), capped by the process's address-space limit
-    (``ulimit -v``) when one is set."""
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f
-                         if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        import resource
-    except ImportError:                 # Windows: no address-space limit to read
-        return avail
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return avail if soft == resource.RLIM_INFINITY else min(avail, soft)
-
-
-def refuse_if_too_big(what: str, need: float) -> None:
-    """Refuse a run, before it allocates, whose memory would exceed half of what is available
-    (the rest is for everything the estimate leaves out)."""
-    from minipaged.kit.quiz import nbytes
-
-    limit = available_memory() / 2
-    if need > limit:
-        raise ValueError(f"{what} would need about {nbytes(need)} of memory; at most "
-                         f"{nbytes(limit)} (half of what is available) may be used")
-
-
-# Measured here with /usr/bin/time (max RSS over runs of two sizes): the simulator holds about
-# 95 bytes per paged block (135 with prefix caching) and about 7 KB per request of a ShareGPT
-# workload that arrives all at once (its sequences, token ids and per-step records).
-SIM_BYTES_PER_BLOCK = 150
-SIM_BYTES_PER_REQUEST = 8_000
-
-
-def check_sim_size(num_requests: int, samples: int = 1, *, model: str = "opt-13b",
-                   kv_cache_gb: float | None = None, block_size: int | None = 16,
-                   flag: str = "--num-requests") -> None:
-    """Refuse a simulation too big for this machine (``block_size=None``: a contiguous policy,
-    which keeps no per-block state)."""
-    p = preset(model, kv_cache_gb=kv_cache_gb)
-    blocks = 0 if block_size is None else p.num_blocks(block_size)
-    what = f"{flag}={num_requests}" + (f" x {samples} sequences" if samples > 1 else "")
-    if kv_cache_gb is not None:
-        what += f" with --kv-cache-gb={kv_cache_gb:g} ({blocks:,} simulated blocks)"
-    refuse_if_too_big(what, num_requests * samples * SIM_BYTES_PER_REQUEST
-                      + blocks * SIM_BYTES_PER_BLOCK)
 
 
 def need_torch() -> None:

@@ -115,7 +115,7 @@ def simulate(args) -> int:
                     max_num_batched_tokens=args.max_num_batched_tokens,
                     max_num_seqs=args.max_num_seqs)
     check_sim_size(num_requests, max(args.n, args.beam_width), model=args.model,
-                   kv_cache_gb=args.kv_cache_gb,
+                   kv_cache_gb=args.kv_cache_gb, flag="--num-requests", kv_flag="--kv-cache-gb",
                    block_size=args.block_size if args.policy == "paged" else None)
     console = Console()
     with progress_bar(console, f"simulating {cfg.policy}") as update:
@@ -165,7 +165,7 @@ def add_experiment(sub) -> None:
 def experiment(args) -> int:
     from minipaged.sim import experiments
 
-    check_sim_size(args.num_requests or 1000, 6)   # experiment 2 runs beams of width 6
+    check_sim_size(args.num_requests or 1000, 6, flag="--num-requests")  # exp. 2: 6 beams
     console = Console()
     res = experiments.run(args.number, num_requests=args.num_requests, seed=args.seed,
                           quick=args.quick, console=console)

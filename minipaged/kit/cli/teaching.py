@@ -159,7 +159,7 @@ def quiz(args) -> int:
         console.print(t)
         return 0
     drills = quiz.select(list(quiz.DRILLS), args.only)
-    check_sim_size(args.num_requests, 4)           # the drills simulate beams of width 4
+    check_sim_size(args.num_requests, 4, flag="--num-requests")  # drills: beams of width 4
     ctx = quiz.Context(args.num_requests, args.seed)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return quiz.run_quiz(drills, ctx, answers=args.answers, interactive=interactive,
