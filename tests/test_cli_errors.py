@@ -91,6 +91,8 @@ CASES: list[tuple[str, str]] = [
     ("simulate --sharing nope", "argument --sharing: invalid choice: 'nope'"),
     ("simulate --preemption nope", "argument --preemption: invalid choice: 'nope'"),
     ("simulate --policy orca-max --n 2", "policy='orca-max' cannot share memory"),
+    ("simulate --policy orca-max --prefix-caching", "would ignore enable_prefix_caching=True"),
+    ("simulate --policy orca-oracle --block-size 32", "would ignore block_size=32"),
     ("simulate --workload {missing}", "does not exist; expected an existing file (or one of "
                                       "alpaca, sharegpt)"),
     ("simulate --workload {dir}", "is a directory; expected a file"),

@@ -337,6 +337,70 @@ def test_simulate_refuses_what_is_not_a_config_or_a_callback():
 # ---- refused before anything runs ------------------------------------------------------------
 
 
+def test_sim_config_refuses_a_workload_that_is_not_one(tmp_path):
+    """'' was read as "." and a directory "does not exist", both only when the run started."""
+    for bad, why in (("", "is empty"), (str(tmp_path), "is a directory"),
+                     (str(tmp_path / "no.jsonl"), "does not exist")):
+        with pytest.raises(ValueError, match=f"workload=.* {why}; expected one of"):
+            SimConfig(workload=bad)
+    with pytest.raises(TypeError, match="workload=5 must be a workload name or a path"):
+        SimConfig(workload=5)
+    with pytest.raises(ValueError, match="is a directory"):
+        load_jsonl(tmp_path)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_slots=10_000, kv_cache_gb=1.0), "num_slots=10000 and kv_cache_gb=1.0 both set"),
+    (dict(policy="orca-max", enable_prefix_caching=True), "policy='orca-max' reserves one "
+     "contiguous region per request and would ignore enable_prefix_caching=True: only "
+     "policy='paged' uses it"),
+    (dict(policy="orca-pow2", preemption_mode="swap"), "would ignore preemption_mode='swap'"),
+    (dict(policy="orca-oracle", block_size=32), "would ignore block_size=32"),
+    (dict(policy="orca-max", preemption_mode="swap", block_size=8),
+     "would ignore preemption_mode='swap', block_size=8: only policy='paged' uses them"),
+    (dict(swap_space_blocks=10), "swap_space_blocks=10 would never be used: with "
+     "preemption_mode='recompute' only a group of several sequences"),
+    (dict(swap_space_blocks=10, n=2, sharing="prefix"), "swap_space_blocks=10 would never"),
+])
+def test_sim_config_refuses_settings_the_run_would_ignore(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SimConfig(num_requests=5, **kw)
+
+
+def test_sim_config_accepts_what_a_run_uses():
+    # Groups of several sequences swap even under recompute (vLLM v0's _preempt), so their CPU
+    # pool is used; a contiguous policy may spell out the default block size.
+    for kw in (dict(swap_space_blocks=10, n=2), dict(swap_space_blocks=10, beam_width=2),
+               dict(swap_space_blocks=10, preemption_mode="swap"), dict(swap_space_blocks=0),
+               dict(policy="orca-max", block_size=16), dict(num_slots=2**31 - 1)):
+        SimConfig(num_requests=5, **kw)
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(chunked_prefill="x"), TypeError, "chunked_prefill='x' must be a bool"),
+    (dict(enable_prefix_caching="yes"), TypeError, "enable_prefix_caching='yes' must be a bool"),
+    (dict(enable_prefix_caching=None), TypeError, "enable_prefix_caching=None must be a bool"),
+    (dict(num_slots=10**10), ValueError,
+     r"num_slots=10000000000 is out of range: expected in \[1, 2147483648\)"),
+    (dict(num_slots=2.5), TypeError, "num_slots=2.5 must be an integer"),
+    (dict(swap_space_blocks=10**30, preemption_mode="swap"), ValueError,
+     "swap_space_blocks=10{30} is out of range"),
+    (dict(usage_every=1.5), TypeError, "usage_every=1.5 must be an integer"),
+    (dict(kv_cache_gb=1e30), ValueError, r"kv_cache_gb=1e\+30 must be > 0 and <= 2\*\*40"),
+    (dict(kv_cache_gb=1e300), ValueError, r"kv_cache_gb=1e\+300 must be > 0"),  # overflowed
+    (dict(kv_cache_gb="1"), TypeError, "kv_cache_gb='1' must be a number"),
+    (dict(kv_cache_gb=math.inf), ValueError, "kv_cache_gb=inf must be finite"),
+    (dict(kv_cache_gb=1e9), ValueError,
+     r"kv_cache_gb=1e\+09 holds 81,920,000,000 blocks; expected fewer than 2\*\*31"),
+    (dict(kv_cache_gb=1e9, policy="orca-max"), ValueError,
+     r"kv_cache_gb=1e\+09 holds 1,310,720,000,000 token slots"),
+    (dict(policy="vllm"), ValueError, "policy='vllm' is not one of"),
+])
+def test_sim_config_refuses_bad_flags_and_sizes(kw, err, match):
+    with pytest.raises(err, match=match):
+        SimConfig(num_requests=5, **kw)
+
+
 def test_simulate_refuses_a_run_too_big_for_this_machine(monkeypatch, tmp_path):
     """The command line's memory rule, applied by simulate() itself before it allocates: 10**9
     requests were drawn first (7 GiB of arrival times), 10**6 GiB of KV became 82M blocks."""

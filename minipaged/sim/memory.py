@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from minipaged._checks import cdiv
+from minipaged._checks import cdiv, check_float
 
 GiB = 1024**3
 
@@ -238,8 +238,8 @@ def kv_preset(name: str, *, kv_cache_gb: float | None = None, tp: int | None = N
             raise ValueError(f"kv_dtype={kv_dtype!r} is not one of {sorted(KV_DTYPE_BYTES)}")
         p = replace(p, kv_dtype_bytes=KV_DTYPE_BYTES[kv_dtype])
     if kv_cache_gb is not None:
-        if not kv_cache_gb > 0:
-            raise ValueError(f"kv_cache_gb={kv_cache_gb} must be > 0")
+        if not 0 < check_float("kv_cache_gb", kv_cache_gb) <= 2**40:  # int(gb * GiB) stays finite
+            raise ValueError(f"kv_cache_gb={kv_cache_gb} must be > 0 and <= 2**40 (GiB)")
         p = replace(p, kv_cache_bytes=int(kv_cache_gb * GiB), gpu_memory_utilization=None)
     return p
 

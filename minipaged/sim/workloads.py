@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,22 @@ def synthetic(name: str, num_requests: int, *, request_rate: float = math.inf, s
             for i in range(num_requests)]
 
 
+def check_workload(spec: object) -> None:
+    """A workload is one of ``WORKLOADS`` or the path of a trace file (``load_jsonl``): a
+    directory or an empty name (which ``Path`` reads as ".") is refused by name."""
+    if isinstance(spec, str) and spec in WORKLOADS:
+        return
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"workload={spec!r:.60} must be a workload name or a path, got "
+                        f"{type(spec).__name__}")
+    p = Path(spec)
+    why = ("is empty" if str(spec) == "" else None if p.is_file()
+           else "is a directory" if p.is_dir() else "does not exist")
+    if why:
+        raise ValueError(f"workload={str(spec)!r} {why}; expected one of {sorted(WORKLOADS)} or "
+                         "the path of a JSONL trace file")
+
+
 def has_arrival_times(path: str | Path) -> bool:
     """True when a trace ``load_jsonl`` accepts gives ``arrival_s`` (then on every line, so the
     first says it), and ``request_rate`` is not used."""
@@ -132,7 +149,8 @@ def load_jsonl(path: str | Path, *, request_rate: float = math.inf, seed: int = 
     ``max_model_len``; a prompt that alone fills the model is an error. Blank lines are skipped."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"workload file {str(path)!r} does not exist")
+        raise ValueError(f"workload file {str(path)!r} "
+                         f"{'is a directory' if path.is_dir() else 'does not exist'}")
     rows: list[tuple[int, int, float | None]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
