@@ -1,4 +1,5 @@
-"""Shared test configuration: Hypothesis profiles and the ``requires`` marker.
+"""Shared test configuration: Hypothesis profiles, the ``requires`` marker, and the fixtures that
+several test files share (each defined once here, imported only when a test asks for it).
 
 Profiles (choose with HYPOTHESIS_PROFILE, default ``dev``):
     dev  fast feedback while editing: fewer examples, random seeds.
@@ -30,3 +31,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers(name="requires"):
         for cap in mark.args:
             require(cap)
+
+
+# ---- fixtures shared by the files of one topic -------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The shipped checkpoint (tests/test_engine*.py): loaded once, on one torch thread."""
+    import torch
+
+    from minipaged.model.checkpoint import load_model
+    torch.set_num_threads(1)
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def reference(model):
+    """Reference greedy outputs, computed once per prompt (the oracle never changes)."""
+    from engine_helpers import MAX_TOKENS, PROMPTS
+
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+    outs = ReferenceGenerator(model).generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS),
+                                             return_logits=True)
+    return {o.prompt: o.outputs[0] for o in outs}
+
