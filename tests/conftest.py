@@ -57,3 +57,15 @@ def reference(model):
                                              return_logits=True)
     return {o.prompt: o.outputs[0] for o in outs}
 
+
+@pytest.fixture(scope="module")
+def library():
+    """The CPU harness of the CUDA kernels (tests/test_cuda_cpu*.py), built (or loaded from the
+    cache) once per module."""
+    from minipaged.cuda.emu import cpu_build
+
+    try:
+        return cpu_build.load()
+    except cpu_build.CompilerNotFoundError as e:
+        require("cuda-cpu", why=str(e))
+    # a BuildError propagates: sources that do not compile are a failure, never a skip
