@@ -69,3 +69,18 @@ def library():
     except cpu_build.CompilerNotFoundError as e:
         require("cuda-cpu", why=str(e))
     # a BuildError propagates: sources that do not compile are a failure, never a skip
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Tiny random Llama, Qwen2 and Qwen3 checkpoints (tests/test_hf_model*.py, which skip
+    without torch and transformers), built once: family -> (folder, transformers model)."""
+    import torch
+    from hf_helpers import FAMILIES, _build
+
+    torch.set_num_threads(1)        # tiny matrices: threads only add contention
+    out = {}
+    for family in FAMILIES:
+        d = tmp_path_factory.mktemp(family)
+        out[family] = (d, _build(family, d))
+    return out
