@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import torch
-from peer_lockstep import keep_first_copy_only, minipaged_keeps_duplicates
+from peer_sides import keep_first_copy_only, minipaged_keeps_duplicates
 from peer_traces import SchedTrace
 from transformers import LlamaConfig
 from vllm.config import CacheConfig, ModelConfig, VllmConfig
@@ -113,7 +113,7 @@ def vllm_scheduler(t: SchedTrace, whole_prompt_at_admission: bool) -> VllmSchedu
     if whole_prompt_at_admission:
         _allocate_whole_prompt_at_admission(sched.kv_cache_manager)
     if t.prefix_caching and not minipaged_keeps_duplicates():
-        keep_first_copy_only(sched.kv_cache_manager.block_pool)  # peer_lockstep, difference 3
+        keep_first_copy_only(sched.kv_cache_manager.block_pool)  # peer_sides, difference 3
     return sched
 
 

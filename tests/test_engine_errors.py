@@ -1,0 +1,145 @@
+"""The paged engine under bad input and interruption: clear errors, no hang, nothing left behind.
+
+Proofs:
+    * bad arguments to LLM and to generate get errors that say what is wrong;
+    * runs that once hung finish (a preempted group of samples that cannot be swapped back in,
+      an arrival far in the future), each under a time limit;
+    * a generate interrupted mid-run (an exception or Ctrl-C in on_step, or in the first forward
+      pass) leaves the pool full and no stale prefix-cache hit, and the next call gives the
+      reference's tokens; a step that schedules nothing is reported, not looped on.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import MAX_TOKENS, check_pool_full
+
+pytestmark = pytest.mark.requires("torch")
+
+
+def test_bad_inputs_get_clear_errors(model):
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    with pytest.raises(ValueError, match="num_blocks must be an int >= 1, got 0"):
+        LLM(model, num_blocks=0)
+    with pytest.raises(ValueError, match="preemption must be one of"):
+        LLM(model, preemption="drop")
+    llm = LLM(model, num_blocks=8, block_size=4)
+    with pytest.raises(ValueError, match=r"prompts\[1\] needs up to 13 blocks .* but num_blocks=8"):
+        llm.generate(["a", "count down from 30:"], SamplingParams(max_tokens=30))
+    with pytest.raises(ValueError, match=r"text\[0\] = 'é'"):
+        llm.generate(["é"])
+    with pytest.raises(ValueError, match=r"prompts\[0\] has 301 tokens"):
+        llm.generate(["a" * 300])
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        llm.generate(["a"], {"max_tokens": 3})
+    with pytest.raises(ValueError, match="non-empty list"):
+        llm.generate([])
+    with pytest.raises(ValueError, match="backend must be one of"):
+        LLM(model, backend="tpu")
+    with pytest.raises(ValueError, match="arrival_steps"):
+        llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[-1])
+    check_pool_full(llm)
+
+
+# ---- nothing hangs, and an interrupted call leaves nothing behind -----------------------------
+
+
+def test_three_samples_in_a_three_block_pool_with_swap_finish(model):
+    """`minipaged generate 'count down from 8:' 'count down from 33:' --n 3 --temperature 0.63
+    --seed 670 --max-tokens 10 --num-blocks 3 --block-size 32 --preemption swap` once spun
+    forever: the preempted group of three samples shares one block, and swapping it back in
+    would need that block plus one per sample, 4 > 3. It is recomputed instead, and the
+    samples are still the reference's."""
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 8:", "count down from 33:"]
+    p = SamplingParams(max_tokens=10, temperature=0.63, n=3, seed=670)
+    llm = LLM(model, num_blocks=3, block_size=32, preemption="swap")
+    with time_limit(60):
+        outs = llm.generate(prompts, p)
+    ref = ReferenceGenerator(model).generate(prompts, p)
+    for a, b in zip(outs, ref):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert llm.num_preemptions > 0 and llm.runner.num_blocks_swapped == 0
+    check_pool_full(llm)
+
+
+def test_a_far_arrival_jumps_over_idle_steps(model):
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    p = SamplingParams(max_tokens=6)
+    llm = LLM(model, num_blocks=16, block_size=4)
+    now = llm.generate(["count down from 9:"], p)
+    steps = llm.num_steps
+    with time_limit(30):
+        later = llm.generate(["count down from 9:"], p, arrival_steps=[10**9])
+    assert later[0].outputs[0].token_ids == now[0].outputs[0].token_ids
+    assert llm.num_steps == 2 * steps, "only the steps that ran are counted"
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_interrupted_generate_leaves_nothing_in_the_manager(model, reference, prefix, error):
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 52:", "count down from 13:", "Hello, paged world!"]
+    llm = LLM(model, num_blocks=40, block_size=4, enable_prefix_caching=prefix,
+              preemption="swap")
+
+    def on_step(stats):
+        if stats.step == 5:
+            raise error("stop")
+
+    llm.on_step = on_step
+    with pytest.raises(error, match="stop"):
+        llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    check_pool_full(llm)
+    llm.on_step = None
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    for o in outs:
+        assert o.outputs[0].token_ids == reference[o.prompt].token_ids
+    check_pool_full(llm)
+
+
+def test_the_engine_reports_a_step_that_does_nothing(model, monkeypatch):
+    from minipaged.model.engine import LLM
+    from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerOutput
+
+    llm = LLM(model, num_blocks=8, block_size=4)
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: SchedulerOutput())
+    with pytest.raises(NoProgressError, match=r"step 0: no progress: request 0 \(waiting"):
+        llm.generate(["hi"])
+    check_pool_full(llm)
+
+
+def test_an_interrupted_first_forward_pass_leaves_no_stale_prefix_cache_hit(model, reference,
+                                                                          monkeypatch):
+    """Ctrl-C during the first forward pass: the prompts' full blocks were already registered
+    in the prefix cache, their K/V never written. A later call must not hit them."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    prompts = ["count down from 52:", "Hello, paged world!"]
+    llm = LLM(model, num_blocks=40, block_size=4, enable_prefix_caching=True)
+
+    def interrupted(work):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(llm.runner, "execute", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    check_pool_full(llm)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    for o in outs:
+        assert o.outputs[0].token_ids == reference[o.prompt].token_ids
