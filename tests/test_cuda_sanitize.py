@@ -2,8 +2,9 @@
 
 The CPU harness is rebuilt with -fsanitize=address,undefined (emu/cpu_build.py, sanitize=True;
 the fiber switches are announced to ASan with __sanitizer_start/finish_switch_fiber) and the
-tests of test_cuda_cpu.py and test_cuda_emu.py run again in a child process that preloads the
-ASan runtime (a sanitized library loaded into an ordinary Python needs it first in the process).
+tests of test_cuda_cpu.py, test_cuda_cpu_errors.py and test_cuda_emu.py run again in a child
+process that preloads the ASan runtime (a sanitized library loaded into an ordinary Python needs
+it first in the process).
 
 A sanitizer run that reports nothing proves nothing unless the sanitizer is watching: the first
 test builds one more kernel into the sanitizer library, tests/cuda/planted_oob.cu (test-only
@@ -77,7 +78,8 @@ def test_planted_out_of_bounds_read_is_caught(env):
 
 def test_kernel_test_matrix_is_clean(env):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-           str(TESTS / "test_cuda_cpu.py"), str(TESTS / "test_cuda_emu.py"),
+           str(TESTS / "test_cuda_cpu.py"), str(TESTS / "test_cuda_cpu_errors.py"),
+           str(TESTS / "test_cuda_emu.py"),
            "-k", "not ucontext"]  # the ucontext variant would need a second sanitizer build
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
                           cwd=TESTS.parent)

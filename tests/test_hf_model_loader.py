@@ -3,7 +3,8 @@
 On the tiny random checkpoints of tests/hf_helpers.py: a sharded checkpoint loads the same
 weights; a config the loader does not support, or a malformed field, is refused naming the
 field; a file of the model folder that is not that file is one line naming the file, never a
-traceback; missing and unexpected tensors are named; a long-context config turns chunked
+traceback; missing and unexpected tensors are named, and every shape is checked before a model of
+the config's size is built; a long-context config turns chunked
 prefill on. The engine on these checkpoints is tested in tests/test_hf_model.py.
 """
 
@@ -98,6 +99,28 @@ def test_a_broken_model_directory_is_one_line_naming_the_file(models, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"minipaged generate: {d / name}: ") and message in err, err
+
+
+def test_shapes_are_checked_before_a_model_of_the_configs_size_is_built(models, tmp_path,
+                                                                      monkeypatch):
+    """A config.json with huge sizes over small tensors is refused from the safetensors headers
+    and a model on the meta device: a model of that size (10**9 x 64 embeddings, 4 GiB of
+    parameters per layer) is never built on the CPU."""
+    import minipaged.model.decoder as decoder
+
+    built = []
+    real_init = decoder.Decoder.__init__
+
+    def spy(self, cfg):
+        built.append(torch.empty(0).device.type)  # the device a new tensor would land on
+        real_init(self, cfg)
+
+    monkeypatch.setattr(decoder.Decoder, "__init__", spy)
+    d = _edit_config(models["qwen3"][0], tmp_path, vocab_size=10**9, intermediate_size=10**7)
+    with pytest.raises(CheckpointError, match=r"model\.embed_tokens\.weight' has shape .*"
+                                              r"config\.json implies \(1000000000, "):
+        load_hf_model(d)
+    assert built == ["meta"], built
 
 
 def test_loader_names_missing_and_unexpected_tensors(models, tmp_path):

@@ -6,7 +6,8 @@ caches) and draws the manager's state, read through its public methods, as a lar
 (``pool_diagram.py``); the charts and tables are the simulator's and the fact-check's
 measurements (``diagrams.py``). Every figure is an SVG drawn at the size the deck shows it, with
 a plain-text twin (``.txt``) that the terminal presenter shows; ``manifest.json`` records the
-SHA-256 of both, and ``--check-figures`` (and tests/test_slides.py) regenerate them and compare.
+SHA-256 of both, and ``--check-figures`` (and tests/test_slides_figures.py) regenerate them and
+compare.
 
 A figure is stale when a manager, the simulator or a story changed what it draws; rerun
 ``minipaged present --build-figures`` and look at the new pictures before committing them.

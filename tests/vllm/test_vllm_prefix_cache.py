@@ -2,7 +2,7 @@
 
 Every seeded trace of tests/vllm/peer_traces.py is served by ``minipaged.KVCacheManager(...,
 enable_prefix_caching=True)`` and by vLLM 0.32's ``KVCacheManager`` side by side
-(tests/vllm/peer_lockstep.py says how each is driven and which documented differences are
+(tests/vllm/peer_sides.py says how each is driven and which documented differences are
 normalised, with the vLLM source lines). After every operation: success, prompt tokens already
 cached, free blocks, table length; after every step: the cached prefixes and the eviction order
 of the free cached blocks (and the whole free queue, when minipaged's allocator has
@@ -41,7 +41,7 @@ def test_lockstep_matches_vllm(lockstep, record, family, seed):
 def test_stock_vllm_differs_only_after_a_duplicate(lockstep, record, family, seed):
     """Unchanged vLLM: where minipaged keeps only the first copy of a block computed twice, any
     divergence from stock vLLM must come after vLLM cached a second copy (difference 3 of
-    peer_lockstep), never before. The figures show what that choice costs."""
+    peer_sides), never before. The figures show what that choice costs."""
     report = lockstep.run_trace(FAMILIES[family](seed), reference="stock")
     record("stock", family, report)
     if lockstep.minipaged_keeps_duplicates():
