@@ -210,6 +210,10 @@ def test_reserve_refuses_an_id_that_could_not_be_found_again(cache):
         with pytest.raises(err, match=match):
             cache.reserve(bad, 4, 8)
     assert (cache.seq_ids, cache.num_free, cache.breakdown()) == before
+    for call in (cache.release, cache.kv, cache.seq_len, cache.reservation):
+        with pytest.raises(TypeError, match=r"seq_id=\['b'\] must be hashable"):
+            call(["b"])
+    assert (cache.seq_ids, cache.num_free, cache.breakdown()) == before
 
 
 @pytest.mark.parametrize("prompt_len, final_len, match", [

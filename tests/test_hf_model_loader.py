@@ -4,7 +4,8 @@ On the tiny random checkpoints of tests/hf_helpers.py: a sharded checkpoint load
 weights; a config the loader does not support, or a malformed field, is refused naming the
 field; a file of the model folder that is not that file is one line naming the file, never a
 traceback; missing and unexpected tensors are named, and every shape is checked before a model
-of the config's size is built; a long-context config turns chunked prefill on. The engine on these checkpoints is tested in tests/test_hf_model.py.
+of the config's size is built; a long-context config turns chunked prefill on. The engine on
+these checkpoints is tested in tests/test_hf_model.py.
 """
 
 from __future__ import annotations

@@ -133,8 +133,9 @@ def test_core_budgets():
     # oracle moved to tests/invariants.py; 3,096 for the checks of BlockManager.usage's
     # final_lens (a float was truncated), flags that must be bools ('no' was True; 14 lines are
     # two imports that ruff wraps one name per line), sizes below 2**31 (int32 block ids;
-    # 10**30 blocks was a bare OverflowError), dtypes and seq-id groups that name the argument.
-    assert sum(lines.values()) <= 3096, f"core path is {sum(lines.values())} lines (> 3,096)"
+    # 10**30 blocks was a bare OverflowError), dtypes and seq-id groups that name the argument;
+    # 3,100 for the same in can_swap_out/in, CPUBlockPool's dtype and ContiguousKVCache's ids.
+    assert sum(lines.values()) <= 3100, f"core path is {sum(lines.values())} lines (> 3,100)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

@@ -105,7 +105,7 @@ def test_a_group_is_a_collection_of_ids_not_one_id():
     m.allocate("a", [1])
     m.allocate(5, [2])
     before = snapshot(m)
-    for call in (m.swap_out, m.swap_in, m.preempt_by_recompute):
+    for call in (m.swap_out, m.swap_in, m.preempt_by_recompute, m.can_swap_out, m.can_swap_in):
         for bad, kind in (("a", "str"), (b"a", "bytes"), (5, "int")):
             with pytest.raises(TypeError, match=rf"seq_ids={bad!r} must be a list of seq ids "
                                                 rf"\(a group\), got {kind}"):
@@ -141,6 +141,9 @@ def test_cpu_pool_bad_shape():
         CPUBlockPool(0, 2, 2, 4)
     with pytest.raises(ValueError, match=r"num_blocks=10{30} is out of range"):  # numpy's words
         CPUBlockPool(10**30, 2, 2, 4)
+    for dtype in (None, "foo", np.int32):  # None was silently float64, like the others' default
+        with pytest.raises(TypeError, match="dtype=.* is not supported"):
+            CPUBlockPool(2, 2, 2, 4, dtype)
     pool = CPUBlockPool(2, 2, 2, 4)
     kc = np.zeros((4, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="block shapes differ"):

@@ -127,7 +127,10 @@ class ContiguousKVCache:
 
     # ---- tokens -------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> Reservation:
-        r = self._seqs.get(seq_id)
+        try:
+            r = self._seqs.get(seq_id)
+        except TypeError:  # unhashable: say which argument
+            raise TypeError(f"seq_id={seq_id!r:.60} must be hashable") from None
         if r is None:
             live = list(self._seqs)[:8]
             raise ValueError(f"unknown seq_id={seq_id!r}: no live reservation (live: {live})")

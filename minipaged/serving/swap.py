@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_int, check_seq_id
+from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_dtype, check_int, check_seq_id
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.cache_ops import swap_blocks
 from minipaged.sharing.prefix_cache import HashFn, PrefixCachingBlockManager
@@ -75,11 +75,11 @@ class KVCacheManager(PrefixCachingBlockManager):
         return ids
 
     def can_swap_out(self, seq_ids: Iterable[Hashable]) -> bool:
-        blocks = {b for s in seq_ids for b in self._table(s)}
+        blocks = {b for s in self._group(seq_ids, "can_swap_out") for b in self._table(s)}
         return len(blocks) <= self.num_free_cpu_blocks
 
     def can_swap_in(self, seq_ids: Iterable[Hashable]) -> bool:
-        blocks = {c for s in seq_ids for c in self.cpu_block_table(s)}
+        blocks = {c for s in self._group(seq_ids, "can_swap_in") for c in self.cpu_block_table(s)}
         return len(blocks) <= self.num_free_blocks
 
     def swap_out(self, seq_ids: Iterable[Hashable]) -> list[tuple[int, int]]:
@@ -157,6 +157,7 @@ class CPUBlockPool:
                  check_int("num_kv_heads", num_kv_heads, low=1),
                  check_int("block_size", block_size, low=1),
                  check_int("head_size", head_size, low=1))
+        dtype = check_dtype("dtype", dtype)
         self.key_cache = np.zeros(shape, dtype=dtype)    # [NCPU, Hkv, BS, D]
         self.value_cache = np.zeros(shape, dtype=dtype)  # [NCPU, Hkv, BS, D]
 
