@@ -25,6 +25,9 @@ def test_bad_inputs_get_clear_errors(model):
         LLM(model, num_blocks=0)
     with pytest.raises(ValueError, match="preemption must be one of"):
         LLM(model, preemption="drop")
+    for flag in ("enable_prefix_caching", "chunked_prefill"):  # 'no' was truthy: True
+        with pytest.raises(TypeError, match=f"{flag}='no' must be a bool"):
+            LLM(model, **{flag: "no"})
     llm = LLM(model, num_blocks=8, block_size=4)
     with pytest.raises(ValueError, match=r"prompts\[1\] needs up to 13 blocks .* but num_blocks=8"):
         llm.generate(["a", "count down from 30:"], SamplingParams(max_tokens=30))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from minipaged._checks import check_bool
 from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
 from minipaged.model.engine_samples import RequestRecord, Samples
@@ -110,9 +111,9 @@ class LLM:
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
-        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.preemption = preemption
-        self.chunked_prefill = bool(chunked_prefill)
+        self.chunked_prefill = check_bool("chunked_prefill", chunked_prefill)
         self.num_cpu_blocks = num_cpu_blocks
         self.manager = self._new_manager()
         self.runner = PagedRunner(model, self.num_blocks, self.block_size,
