@@ -16,6 +16,7 @@ from minipaged.serving.swap import KVCacheManager
 def test_cli_quick_runs_and_prints_both_modes(capsys):
     assert main(["bench", "allocator", "--quick", "--requests", "40", "--num-blocks", "512"]) == 0
     out = capsys.readouterr().out
+    assert "40 requests, NB=512" in out   # --quick's 300 is for an unset --requests only
     assert "without prefix caching" in out and "with prefix caching" in out
     assert "minipaged / plain" in out and "append" in out
 

@@ -140,6 +140,16 @@ CASES: list[tuple[str, str]] = [
     ("bench kernel --head-size 96", "argument --head-size: invalid choice: 96"),
     ("bench kernel --backend tpu", "argument --backend: invalid choice: 'tpu'"),
     ("bench kernel --backend cpu --seqs 100000 --contexts 1000000", "would need about"),
+    # --quick gives defaults only to what was not given; what was given is checked
+    (f"bench allocator --requests {BIG} --quick", f"--requests={BIG} and --num-blocks=2048 "
+                                                  "would need about"),
+    ("bench attention --heads 3 --kv-heads 2 --quick", "--heads=3 must be a multiple of "
+                                                       "--kv-heads=2"),
+    (f"bench attention --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=256 (in blocks"),
+    ("bench kernel --backend cpu --heads 3 --kv-heads 2 --quick", "--heads=3 must be a "
+                                                                  "multiple of --kv-heads=2"),
+    (f"bench kernel --backend cpu --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=64"),
+    ("bench kernel --heads 6 --kv-heads 4", "--heads=6 must be a multiple of --kv-heads=4"),
     ("bench simulate --sizes 0", "--sizes=0 must be >= 1"),
     (f"bench simulate --sizes 10 {BIG}", f"--sizes={BIG} would need about"),
     ("bench simulate --policy nope", "argument --policy: invalid choice: 'nope'"),

@@ -3,6 +3,10 @@
 Speed lives here, never in timed asserts inside tests: a benchmark prints what it measured on
 this machine (the median of several repeats, and the ratio to a baseline measured in the same
 run), and the reader judges.
+
+``--quick`` (allocator, attention, kernel, simulate) is a small configuration for a smoke test:
+it gives smaller defaults to the options left unset. An option given on the command line keeps
+its value, with or without --quick, and is checked like any other.
 """
 
 from __future__ import annotations
@@ -14,6 +18,16 @@ from collections.abc import Callable
 import numpy as np
 
 from minipaged._checks import cdiv
+
+
+def fill_unset(args, defaults: dict, quick: dict) -> None:
+    """Give each option the command line left unset (None) its default: ``quick``'s under
+    --quick where it has one, else ``defaults``'. A value the user typed is kept (the parser
+    has checked it, and the runner checks it against the others), so --quick never replaces
+    what was asked for."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick.get(name, value) if args.quick else value)
 
 
 def medians(candidates: dict[str, Callable[[], object]], *, repeats: int) -> dict[str, float]:

@@ -34,6 +34,7 @@ import numpy as np
 from rich.console import Console
 
 from minipaged._checks import OutOfBlocksError
+from minipaged.kit.bench import fill_unset
 from minipaged.kit.bench.plain_manager import PlainBlockManager
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.serving.swap import KVCacheManager
@@ -173,11 +174,12 @@ def compare(trace, num_blocks: int, block_size: int, prefix: bool, repeats: int,
 # Measured with /usr/bin/time: a trace holds about 3 KB per request (its token lists), the two
 # managers about 250 bytes per block together.
 BYTES_PER_REQUEST, BYTES_PER_BLOCK = 4_000, 300
+# What --requests and --repeats are when not given, without and with --quick (a smoke test).
+DEFAULTS, QUICK = dict(requests=3000, repeats=3), dict(requests=300, repeats=1)
 
 
 def run(args) -> int:
-    if args.quick:
-        args.requests, args.repeats = 300, 1
+    fill_unset(args, DEFAULTS, QUICK)
     refuse_if_too_big(f"--requests={args.requests} and --num-blocks={args.num_blocks}",
                       args.requests * BYTES_PER_REQUEST + args.num_blocks * BYTES_PER_BLOCK)
     trace = make_trace(args.requests)

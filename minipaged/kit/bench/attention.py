@@ -27,12 +27,13 @@ from rich.console import Console
 
 from minipaged._checks import cdiv
 from minipaged.attention import plain_softmax
-from minipaged.kit.bench import decode_case, medians
+from minipaged.kit.bench import decode_case, fill_unset, medians
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import GATHER_CHUNK_BYTES, paged_attention
 
-QUICK = dict(seqs=4, heads=8, kv_heads=2, head_size=32, block_size=16, contexts=[64, 256],
-             repeats=2)
+# What the shape options are when not given, without and with --quick (about a second).
+DEFAULTS = dict(seqs=32, heads=32, kv_heads=8, head_size=128, contexts=[1024, 4096], repeats=5)
+QUICK = dict(seqs=4, heads=8, kv_heads=2, head_size=32, contexts=[64, 256], repeats=2)
 
 
 def _dense(q, k, v, scale, chunked: bool):
@@ -75,9 +76,7 @@ def _measure_context(rng, S, H, Hkv, D, BS, Tk, dtype, repeats, online):
 
 
 def run(args) -> int:
-    if args.quick:
-        for name, value in QUICK.items():
-            setattr(args, name, value)
+    fill_unset(args, DEFAULTS, QUICK)
     S, H, Hkv, D, BS = args.seqs, args.heads, args.kv_heads, args.head_size, args.block_size
     if H % Hkv:
         raise ValueError(f"--heads={H} must be a multiple of --kv-heads={Hkv} (H % Hkv == 0)")

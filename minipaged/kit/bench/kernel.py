@@ -35,9 +35,15 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from minipaged.kit.bench import decode_case, median_time
+from minipaged.kit.bench import decode_case, fill_unset, median_time
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import paged_attention as oracle
+
+# What the options are when not given: on the GPU, on the CPU harness (whose every CUDA thread
+# is a fiber: small), and with --quick on either (seconds).
+GPU = dict(seqs=64, heads=32, kv_heads=8, head_size=128, contexts=[1024, 4096, 16384], repeats=20)
+CPU = {**GPU, "seqs": 2, "contexts": [256, 1024], "repeats": 3}
+QUICK = dict(seqs=1, heads=4, kv_heads=2, head_size=64, contexts=[64], repeats=1)
 
 
 def _check(console, xp, args) -> bool:
@@ -75,23 +81,19 @@ def run(args) -> int:
 
     console = Console()
     gpu = args.backend == "cupy"
-    if gpu and (reason := gpu_missing()) is not None:
-        console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
-                      "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
-        return 1
-    s = args.seqs or (64 if gpu else 2)
-    contexts = args.contexts or ([1024, 4096, 16384] if gpu else [256, 1024])
-    repeats = args.repeats or (20 if gpu else 3)
-    if args.quick:
-        args.heads, args.kv_heads, args.head_size = 4, 2, 64
-        s, contexts, repeats = 1, [64], 1
+    fill_unset(args, GPU if gpu else CPU, QUICK)
+    s, contexts, repeats = args.seqs, args.contexts, args.repeats
     H, Hkv, D, BS = args.heads, args.kv_heads, args.head_size, args.block_size
-    if H % Hkv:
+    if H % Hkv:  # bad input is refused first, with or without a GPU
         raise ValueError(f"--heads={H} must be a multiple of --kv-heads={Hkv}")
     itemsize = np.dtype(args.dtype).itemsize
     if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
         refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads={Hkv}",
                           4 * s * (max(contexts) + BS) * Hkv * D * itemsize)
+    if gpu and (reason := gpu_missing()) is not None:
+        console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
+                      "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
+        return 1
     if gpu:
         import cupy
 

@@ -14,13 +14,18 @@ import time
 
 from rich.console import Console
 
+from minipaged.kit.bench import fill_unset
 from minipaged.kit.cli.common import check_sim_size, progress_bar, table
+
+# The request counts when --sizes is not given, without and with --quick.
+DEFAULTS, QUICK = dict(sizes=[1000, 10_000, 100_000]), dict(sizes=[200, 1000])
 
 
 def run(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
 
-    sizes = args.sizes or ([200, 1000] if args.quick else [1000, 10_000, 100_000])
+    fill_unset(args, DEFAULTS, QUICK)
+    sizes = args.sizes
     check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "

@@ -25,6 +25,21 @@ from minipaged.kit.cli.args import (
 REPEATS = bounds(low=1, high=1000)
 
 
+def _unset(bench, name: str) -> str:
+    """What an option left unset becomes, from the benchmark's own tables (``DEFAULTS``, or
+    ``GPU`` and ``CPU`` for the kernel, and ``QUICK``): "(unset: 32; 4 with --quick)"."""
+    def show(value) -> str:
+        return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    if hasattr(bench, "DEFAULTS"):
+        full = show(bench.DEFAULTS[name])
+    else:
+        gpu, cpu = show(bench.GPU[name]), show(bench.CPU[name])
+        full = gpu if gpu == cpu else f"{gpu} on cupy, {cpu} on cpu"
+    quick = f"; {show(bench.QUICK[name])} with --quick" if name in bench.QUICK else ""
+    return f"(unset: {full}{quick})"
+
+
 def add_bench(sub) -> None:
     from minipaged.kit import bench
     from minipaged.kit.bench import allocator, attention, generate, kernel, simulate
@@ -36,28 +51,32 @@ def add_bench(sub) -> None:
 
     a = command(benches, "allocator", "block manager ops/s: minipaged vs a plain manager",
                 allocator.__doc__, allocator.run)
-    num(a, "--requests", int, 3000, "requests in the trace")
+    num(a, "--requests", int, None, "requests in the trace " + _unset(allocator, "requests"))
     num(a, "--num-blocks", int, 2048, "GPU blocks")
     num(a, "--block-size", int, 16, "tokens per block")
-    num(a, "--repeats", int, 3, "replays of the whole trace per manager (times are summed)",
-        REPEATS)
+    num(a, "--repeats", int, None, "replays of the whole trace per manager (times are summed) "
+        + _unset(allocator, "repeats"), REPEATS)
     num(a, "--chunk", int, 8, "scheduling steps per chunk; the managers alternate by chunk",
         bounds(low=1, high=10**6))
-    a.add_argument("--quick", action="store_true", help="300 requests, 1 run: a smoke test")
+    a.add_argument("--quick", action="store_true", help="a smoke test: fewer requests and runs "
+                   "(an option given keeps its value)")
 
     t = command(benches, "attention", "paged decode attention (gather, online) vs dense NumPy",
                 attention.__doc__, attention.run)
-    num(t, "--seqs", int, 32, "S, sequences in the batch")
-    num(t, "--heads", int, 32, "H, query heads")
-    num(t, "--kv-heads", int, 8, "Hkv, KV heads")
-    num(t, "--head-size", int, 128, "D")
+    num(t, "--seqs", int, None, "S, sequences in the batch " + _unset(attention, "seqs"))
+    num(t, "--heads", int, None, "H, query heads " + _unset(attention, "heads"))
+    num(t, "--kv-heads", int, None, "Hkv, KV heads " + _unset(attention, "kv_heads"))
+    num(t, "--head-size", int, None, "D " + _unset(attention, "head_size"))
     num(t, "--block-size", int, 16, "BS, tokens per block")
-    num(t, "--contexts", int, [1024, 4096], "context lengths Tk to measure", nargs="+")
+    num(t, "--contexts", int, None, "context lengths Tk to measure "
+        + _unset(attention, "contexts"), nargs="+")
     t.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float32",
                    help="element type of q, K and V")
-    num(t, "--repeats", int, 5, "timed runs per figure (median)", REPEATS)
+    num(t, "--repeats", int, None, "timed runs per figure (median) "
+        + _unset(attention, "repeats"), REPEATS)
     t.add_argument("--no-online", action="store_true", help="skip the (slow) online method")
-    t.add_argument("--quick", action="store_true", help="a tiny configuration (about a second)")
+    t.add_argument("--quick", action="store_true", help="a tiny configuration, about a second "
+                   "(an option given keeps its value)")
     num(t, "--seed", int, 0, "seed of the random q, K and V", NON_NEGATIVE)
 
     g = command(benches, "generate", "tokens/s of the paged engine vs the reference generator",
@@ -82,24 +101,27 @@ def add_bench(sub) -> None:
                 kernel.__doc__, kernel.run)
     k.add_argument("--backend", choices=("cupy", "cpu"), default="cupy",
                    help="cupy: the GPU (needs CuPy and a device); cpu: the emulation harness")
-    num(k, "--seqs", int, None, "S (unset: 64 on cupy, 2 on cpu)")
-    num(k, "--heads", int, 32, "H, query heads")
-    num(k, "--kv-heads", int, 8, "Hkv, KV heads")
-    k.add_argument("--head-size", type=int, default=128, choices=(64, 128), help="D")
+    num(k, "--seqs", int, None, "S " + _unset(kernel, "seqs"))
+    num(k, "--heads", int, None, "H, query heads " + _unset(kernel, "heads"))
+    num(k, "--kv-heads", int, None, "Hkv, KV heads " + _unset(kernel, "kv_heads"))
+    k.add_argument("--head-size", type=int, choices=(64, 128),
+                   help="D " + _unset(kernel, "head_size"))
     k.add_argument("--block-size", type=int, default=16, choices=(8, 16, 32), help="BS")
-    num(k, "--contexts", int, None, "context lengths (unset: 1024 4096 16384 on cupy, "
-        "256 1024 on cpu)", nargs="+")
+    num(k, "--contexts", int, None, "context lengths " + _unset(kernel, "contexts"), nargs="+")
     k.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                    help="element type of q, K and V")
-    num(k, "--repeats", int, None, "timed runs per figure (unset: 20 on cupy, 3 on cpu)",
+    num(k, "--repeats", int, None, "timed runs per figure " + _unset(kernel, "repeats"),
         REPEATS)
-    k.add_argument("--quick", action="store_true", help="a tiny configuration (seconds)")
+    k.add_argument("--quick", action="store_true", help="a tiny configuration, seconds (an "
+                   "option given keeps its value)")
     num(k, "--seed", int, 0, "seed of the random q, K and V", NON_NEGATIVE)
 
     s = command(benches, "simulate", "requests simulated per second (1K / 10K / 100K)",
                 simulate.__doc__, simulate.run)
-    s.add_argument("--quick", action="store_true", help="200 and 1K requests only")
-    num(s, "--sizes", int, None, "request counts to run (unset: 1000 10000 100000)", nargs="+")
+    s.add_argument("--quick", action="store_true", help="fewer requests (--sizes, when given, "
+                   "keeps its value)")
+    num(s, "--sizes", int, None, "request counts to run " + _unset(simulate, "sizes"),
+        nargs="+")
     s.add_argument("--policy", default="paged", choices=POLICY_NAMES, help="memory policy")
     num(s, "--block-size", int, 16, "tokens per block")
 
