@@ -108,6 +108,15 @@ CASES: list[tuple[str, str]] = [
     ("simulate --json {missing_dir}/out.json", "is in a folder that does not exist"),
     ("simulate --json {dir}", "is a directory; expected a file name to write"),
     ("simulate --num-requests 5 --json /dev/full", "--json='/dev/full' cannot be written"),
+    ("simulate --workload /dev/null", "--workload='/dev/null' is not a regular file"),
+    # an empty path is not the current directory
+    ("simulate --json ''", "--json='' is empty; expected a path"),
+    ("simulate --workload ''", "--workload='' is empty; expected a path"),
+    ("generate x --checkpoint ''", "--checkpoint='' is empty; expected a path"),
+    ("train --out ''", "--out='' is empty; expected a path"),
+    ("present ''", "deck='' is empty; expected a path"),
+    ("demo paging --svg ''", "--svg='' is empty; expected a path"),
+    ("gpu-check --out ''", "--out='' is empty; expected a path"),
     # experiment
     ("experiment 0", "argument number: invalid choice: 0"),
     ("experiment 6", "argument number: invalid choice: 6"),

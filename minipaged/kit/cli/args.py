@@ -64,7 +64,13 @@ def bounds(*, low: float | None = None, above: float | None = None,
     return check
 
 
+# Path("") is Path("."): an empty argument would silently name the current directory.
+EMPTY = "is empty; expected a path"
+
+
 def input_dir(path: str) -> str | None:
+    if not path:
+        return EMPTY
     p = Path(path)
     if p.is_file():
         return "is a file; expected a directory"
@@ -72,13 +78,19 @@ def input_dir(path: str) -> str | None:
 
 
 def input_file(path: str) -> str | None:
+    if not path:
+        return EMPTY
     p = Path(path)
     if p.is_dir():
         return "is a directory; expected a file"
+    if p.exists() and not p.is_file():
+        return "is not a regular file (a device, a pipe or a socket); expected a file"
     return None if p.is_file() else "does not exist; expected an existing file"
 
 
 def output_file(path: str) -> str | None:
+    if not path:
+        return EMPTY
     p = Path(path)
     if p.is_dir():
         return "is a directory; expected a file name to write"
@@ -89,6 +101,8 @@ def output_file(path: str) -> str | None:
 
 
 def output_dir(path: str) -> str | None:
+    if not path:
+        return EMPTY
     p = Path(path)
     return "is a file; expected a directory" if p.exists() and not p.is_dir() else None
 
