@@ -231,6 +231,15 @@ CASES: list[tuple[str, str]] = [
     (f"present {DECK} --slide 0", "--slide=0 must be >= 1"),
     (f"present {DECK} --slide 999", "--slide 999 is outside 1.."),
     ("present --check-figures --figures-dir {file}", "is a file; expected a directory"),
+    ("present {bad_demo}", "slide 2's <!-- demo: nope --> names no demo scene; expected one of "
+                           "fragmentation, paging"),
+    ("present --check-figures --figures-dir {missing}", "does not exist; expected an existing "
+                                                        "directory"),
+    (f"present {DECK} --figures-dir {{missing}}", "goes with --build-figures or --check-figures"),
+    ("present --build-figures --check-figures --figures-dir {dir}/figs",
+     "argument --check-figures: not allowed with argument --build-figures"),
+    (f"present {DECK} --build-figures --figures-dir {{dir}}/figs",
+     f"--build-figures works on the figures, not on a deck: the deck '{DECK}' would not be used"),
     # gpu-check
     ("gpu-check --out {missing}/report.json", "is in a folder that does not exist"),
     ("gpu-check --out {dir}", "is a directory; expected a file name to write"),
@@ -250,6 +259,7 @@ def _files(tmp: Path) -> dict[str, str]:
         "negative": '{"prompt_len": -1, "output_len": 5}\n',
         "nan_arrival": '{"prompt_len": 5, "output_len": 5, "arrival_s": NaN}\n',
         "too_long": '{"prompt_len": 5000, "output_len": 5}\n', "unclosed": "---\nmarp: true\n# x\n",
+        "bad_demo": "# one\n\n---\n\n# two\n<!-- demo: nope -->\n",
     }
     out = {}
     for name, text in texts.items():

@@ -71,6 +71,19 @@ def parse_deck(text: str) -> list[Slide]:
     return slides
 
 
+def check_demos(slides: list[Slide], path) -> None:
+    """Every ``<!-- demo: SCENE -->`` must name a demo scene. Checked when the deck loads: found
+    only when d is pressed, a bad name would end the presentation in front of the class."""
+    from minipaged.kit.viz.scenes import SCENES
+
+    names = [cls.name for cls in SCENES]
+    for s in slides:
+        for scene in s.demos:
+            if scene not in names:
+                raise ValueError(f"{path}: slide {s.number}'s <!-- demo: {scene} --> names no "
+                                 f"demo scene; expected one of {', '.join(names)}")
+
+
 def render_slide(slide: Slide, total: int, deck_dir: Path, *, notes: bool):
     from rich.console import Group
     from rich.markdown import Markdown
@@ -122,6 +135,7 @@ def present(path: Path, *, notes: bool, start: int, interactive: bool, console=N
     slides = parse_deck(path.read_text(encoding="utf-8"))
     if not slides:
         raise ValueError(f"{path} holds no slides")
+    check_demos(slides, path)
     if not 1 <= start <= len(slides):
         raise ValueError(f"--slide {start} is outside 1..{len(slides)}")
     if not interactive:

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from minipaged.kit.cli.args import NON_NEGATIVE, bounds, command, input_file, num, output_dir, path
+from minipaged.kit.cli.args import (
+    NON_NEGATIVE,
+    bounds,
+    command,
+    input_dir,
+    input_file,
+    num,
+    output_dir,
+    path,
+)
 from minipaged.kit.cli.common import check_sim_size, reading, table
 
 # ---- demo --------------------------------------------------------------------------------------
@@ -191,11 +200,13 @@ def add_present(sub) -> None:
     path(p, "deck", input_file, "the Marp deck to present", nargs="?", metavar="slides/NAME.md")
     p.add_argument("--notes", action="store_true", help="show speaker notes from the start")
     num(p, "--slide", int, 1, "start at this slide (1-based)")
-    p.add_argument("--build-figures", action="store_true",
-                   help="regenerate every figure in slides/figures/ (demo frames + simulator)")
-    p.add_argument("--check-figures", action="store_true",
-                   help="exit 1 when a committed figure differs from a fresh rendering")
-    path(p, "--figures-dir", output_dir, "where the figures live (unset: slides/figures)")
+    figs = p.add_mutually_exclusive_group()
+    figs.add_argument("--build-figures", action="store_true",
+                      help="regenerate every figure in slides/figures/ (demo frames + simulator)")
+    figs.add_argument("--check-figures", action="store_true",
+                      help="exit 1 when a committed figure differs from a fresh rendering")
+    path(p, "--figures-dir", output_dir, "with --build-figures or --check-figures: where the "
+         "figures live (unset: slides/figures)")
 
 
 def present(args) -> int:
@@ -203,6 +214,21 @@ def present(args) -> int:
     from minipaged.kit.present import present
 
     console = Console()
+    on_figures = "--build-figures" if args.build_figures else "--check-figures" \
+        if args.check_figures else None
+    if on_figures is None and args.figures_dir is not None:
+        raise ValueError(f"--figures-dir={args.figures_dir!r} goes with --build-figures or "
+                         "--check-figures; a deck's figures are the files its images name")
+    unused = [what for what, given in ((f"the deck {args.deck!r}", args.deck),
+                                       ("--notes", args.notes), ("--slide", args.slide != 1))
+              if given]
+    if on_figures is not None and unused:
+        raise ValueError(f"{on_figures} works on the figures, not on a deck: {', '.join(unused)} "
+                         f"would not be used; expected {on_figures} alone (or with --figures-dir)")
+    # a check compares with figures that must be there (a build makes its folder)
+    if args.check_figures and args.figures_dir is not None \
+            and (problem := input_dir(args.figures_dir)):
+        raise ValueError(f"--figures-dir={args.figures_dir!r} {problem}")
     out = Path(args.figures_dir) if args.figures_dir else figures.default_dir()
     if args.build_figures:
         with console.status("drawing figures..."):
