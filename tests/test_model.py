@@ -194,3 +194,16 @@ def test_training_refuses_more_held_out_prompts_than_there_are(tmp_path):
     assert not lines and not list(tmp_path.iterdir()), "it trained before refusing"
     with pytest.raises(ValueError, match="num_eval=0 must be an int from 1 to 10"):
         evaluate(load_model(), 0)
+
+
+@pytest.mark.requires("torch")
+def test_training_refuses_a_warmup_longer_than_the_run(tmp_path):
+    """The Python API refuses it, before any step, by the rule the command line uses (whose
+    message names --warmup and --steps: tests/test_cli_errors.py)."""
+    from minipaged.model.train import TrainSettings, train
+
+    lines = []
+    with pytest.raises(ValueError, match=r"warmup=3 is longer than steps=2: the learning rate "
+                                         r"would never reach its peak nor decay"):
+        train(TrainSettings(steps=2, warmup=3), tmp_path / "x.pt", log=lines.append)
+    assert not lines and not list(tmp_path.iterdir()), "it trained before refusing"

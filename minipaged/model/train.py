@@ -74,6 +74,16 @@ def check_num_eval(num: int) -> None:
                          "held-out prompts)")
 
 
+def check_warmup(warmup: int, steps: int, names: tuple[str, str] = ("warmup", "steps")) -> None:
+    """The learning rate climbs for ``warmup`` steps to its peak, then decays over the rest: a
+    warm-up longer than the run would never reach the peak nor decay. ``names`` are what the
+    caller calls the two settings (the command line: --warmup and --steps)."""
+    if warmup > steps:
+        w, n = names
+        raise ValueError(f"{w}={warmup} is longer than {n}={steps}: the learning rate would "
+                         f"never reach its peak nor decay; expected {w} <= {n}")
+
+
 def evaluate(model, num: int = NUM_EVAL, attention: str = "torch") -> float:
     """Fraction of ``num`` held-out counting prompts answered exactly right (greedy)."""
     from minipaged.model.reference import ReferenceGenerator
@@ -93,6 +103,7 @@ def train(s: TrainSettings, out_path, log=print) -> dict:
     from minipaged.model.decoder import Decoder, ModelConfig
 
     check_num_eval(s.num_eval)      # before the minutes of training, not after
+    check_warmup(s.warmup, s.steps)
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)

@@ -280,10 +280,7 @@ def train(args) -> int:
     from minipaged.kit.quiz import nbytes
 
     need_torch()
-    if args.warmup > args.steps:
-        raise ValueError(f"--warmup={args.warmup} is longer than --steps={args.steps}: the "
-                         f"learning rate would never reach its peak --lr={args.lr:g} nor decay; "
-                         "expected --warmup <= --steps")
+    training.check_warmup(args.warmup, args.steps, names=("--warmup", "--steps"))
     refuse_if_too_big(f"--batch-size={args.batch_size} (about "
                       f"{nbytes(training.BYTES_PER_EXAMPLE)} of activations per example)",
                       args.batch_size * training.BYTES_PER_EXAMPLE)
