@@ -8,7 +8,8 @@ text, its parser (``add_NAME``) and its runner (what it does with the parsed arg
     kv_calc.py     kv-calc                           KV cache arithmetic
     simulation.py  simulate, experiment, factcheck   the serving simulator
     measure.py     bench, gpu-check                  speed, and the CUDA kernels on a GPU
-    generation.py  generate, train                   the tiny model (or a Hugging Face one)
+    generation.py  generate                          the tiny model (or a Hugging Face one)
+    training.py    train                             retraining the tiny model
 
 ``args.py`` holds what every parser is built with (checked numbers and paths, the help layout),
 ``common.py`` what the runners share (errors, memory limits, progress bar, tables, JSON). This
@@ -26,7 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from minipaged.kit.cli import generation, kv_calc, measure, simulation, teaching
+from minipaged.kit.cli import generation, kv_calc, measure, simulation, teaching, training
 from minipaged.kit.cli.args import Formatter, Parser
 from minipaged.kit.cli.common import describe, user_errors
 
@@ -42,7 +43,7 @@ to see the Python traceback instead).
 
 COMMANDS = (teaching.add_demo, kv_calc.add_kv_calc, simulation.add_simulate,
             simulation.add_experiment, simulation.add_factcheck, measure.add_bench,
-            generation.add_generate, generation.add_train, teaching.add_check, teaching.add_quiz,
+            generation.add_generate, training.add_train, teaching.add_check, teaching.add_quiz,
             teaching.add_present, measure.add_gpu_check)
 
 

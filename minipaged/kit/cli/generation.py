@@ -1,18 +1,16 @@
-"""The model's commands: ``generate`` (prompts through the paged cache) and ``train``.
+"""The ``generate`` command: prompts through the paged cache.
 
-Each command is its ``--help`` text, its parser (``add_NAME``) and its runner (``NAME``).
-``generate`` runs the tiny trained model, or a Hugging Face one with ``--model DIR``, through
-the paged engine (``minipaged/model/engine.py``) or the plain reference generator, and draws
-its progress and block tables on stderr; ``train`` retrains the shipped checkpoint.
+Its ``--help`` text, its parser (``add_generate``) and its runner (``generate``): the tiny
+trained model, or a Hugging Face one with ``--model DIR``, runs through the paged engine
+(``minipaged/model/engine.py``) or the plain reference generator, and its progress and block
+tables are drawn on stderr. ``train``, which retrains the shipped model, is ``training.py``.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import time
-from dataclasses import fields
 
 from rich.console import Console
 from rich.text import Text
@@ -25,7 +23,6 @@ from minipaged.kit.cli.args import (
     input_dir,
     input_file,
     num,
-    output_file,
     path,
 )
 from minipaged.kit.cli.common import (
@@ -35,12 +32,9 @@ from minipaged.kit.cli.common import (
     reading,
     refuse_if_too_big,
 )
-from minipaged.model import train as training
-from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model
+from minipaged.model.checkpoint import load_model
 from minipaged.model.pool import DEFAULT_KV_CACHE_GB, pool_size
 from minipaged.model.sampling import SamplingParams
-
-# ---- generate ----------------------------------------------------------------------------------
 
 GENERATE_HELP = """\
 The tiny model completing prompts through the paged KV cache.
@@ -235,55 +229,4 @@ def generate(args) -> int:
     sys.stdout.flush()
     n_tok = sum(len(c.token_ids) for o in outs for c in o.outputs)
     err.print(f"[dim]{summary}; {n_tok} tokens in {dt:.2f} s[/dim]")
-    return 0
-
-
-# ---- train -------------------------------------------------------------------------------------
-
-TRAIN_HELP = """\
-Train the tiny counting model that ships with the package (seeded; 5 to 15 minutes on one busy
-CPU core) and write the checkpoint with a JSON report of its held-out score beside it. The
-defaults are the settings of the shipped checkpoint (minipaged/model/train.py explains them).
-
-examples:
-  minipaged train                                        (rewrites the shipped checkpoint)
-  minipaged train --steps 50 --warmup 5 --out /tmp/x.pt  (a quick smoke run)
-"""
-CPUS = os.cpu_count() or 1
-
-
-def _seed(value: int) -> str | None:
-    """torch takes seeds of 64 bits."""
-    return None if 0 <= value < 2**64 else "must be >= 0 and < 2**64 (torch's seeds are 64-bit)"
-
-
-def add_train(sub) -> None:
-    d = training.TrainSettings()
-    p = command(sub, "train", "train the tiny counting model (a few minutes of CPU)",
-                TRAIN_HELP, train)
-    num(p, "--seed", int, d.seed, "seed of the examples and the initial weights", _seed)
-    num(p, "--steps", int, d.steps, "optimizer steps")
-    num(p, "--batch-size", int, d.batch_size, "examples per step")
-    num(p, "--lr", float, d.lr, "AdamW peak learning rate", bounds(above=0))
-    num(p, "--warmup", int, d.warmup, "warm-up steps before the cosine decay (at most --steps)",
-        NON_NEGATIVE)
-    num(p, "--weight-decay", float, d.weight_decay, "AdamW weight decay", bounds(low=0))
-    num(p, "--threads", int, d.threads, f"torch CPU threads (at most the {CPUS} CPUs here)",
-        bounds(low=1, high=CPUS))
-    num(p, "--num-eval", int, d.num_eval, f"held-out prompts scored after training (there are "
-        f"{training.NUM_EVAL})", bounds(low=1, high=training.NUM_EVAL))
-    path(p, "--out", output_file, "where to write the checkpoint (and its .json report)",
-         default=str(DEFAULT_CHECKPOINT))
-
-
-def train(args) -> int:
-    from minipaged.kit.quiz import nbytes
-
-    need_torch()
-    training.check_warmup(args.warmup, args.steps, names=("--warmup", "--steps"))
-    refuse_if_too_big(f"--batch-size={args.batch_size} (about "
-                      f"{nbytes(training.BYTES_PER_EXAMPLE)} of activations per example)",
-                      args.batch_size * training.BYTES_PER_EXAMPLE)
-    settings = {f.name: getattr(args, f.name) for f in fields(training.TrainSettings)}
-    training.train(training.TrainSettings(**settings), args.out)  # a flag for every setting
     return 0
