@@ -174,11 +174,37 @@ CASES: list[tuple[str, str]] = [
     ("generate x --top-k -1", "--top-k=-1 must be >= 0"),
     ("generate x --n 0", "--n=0 must be >= 1"),
     ("generate x --beam-width 0", "--beam-width=0 must be >= 1"),
-    ("generate x --n 2 --beam-width 2", "n must be 1, got n=2"),
+    ("generate x --n 2 --beam-width 2", "argument --beam-width: not allowed with argument --n"),
     ("generate x --num-blocks 0", "--num-blocks=0 must be >= 1"),
     ("generate x --num-blocks 100000000", "--num-blocks=100000000 x --block-size=16 (the KV "
                                           "pool) would need about"),
-    ("generate x --num-blocks 1", "raise num_blocks or lower max_tokens"),
+    ("generate x --num-blocks 1", "PROMPT 1: 1 sequence(s) of up to 81 tokens do not fit, even "
+                                  "alone, in the pool's 1 blocks of --block-size=16 (given); "
+                                  "expected a larger --num-blocks or --kv-cache-gb, or a smaller "
+                                  "--max-tokens"),
+    ("generate x --n 300", "PROMPT 1 with --n=300: 300 sequence(s) of up to 81 tokens do not "
+                           "fit, even alone, in the pool's 256 blocks of --block-size=16 (the "
+                           "default); expected a larger --num-blocks or --kv-cache-gb, or a "
+                           "smaller --max-tokens or --n"),
+    ("generate x --beam-width 300 --kv-cache-gb 0.001", "PROMPT 1 with --beam-width=300: 300 "
+                                                        "sequence(s)"),
+    (f"generate x --n {10**30}", f"1 PROMPT(s) x --n={10**30} sequences would need about"),
+    (f"generate x --beam-width {10**30}", f"x --beam-width={10**30} sequences would need about"),
+    (f"generate x --n {10**30} --prefix-caching", f"x --n={10**30} sequences would need about"),
+    (f"generate x --n {10**30} --reference", f"x --n={10**30} sequences would need about"),
+    ("generate x --kv-cache-gb 1e-9", "--kv-cache-gb=1e-09 holds 0 tokens of this model (768 B "
+                                      "each), less than one block of --block-size=16; expected "
+                                      "a larger --kv-cache-gb or a smaller --block-size"),
+    ("generate x --kv-cache-gb 1 --num-blocks 10", "argument --num-blocks: not allowed with "
+                                                   "argument --kv-cache-gb"),
+    ("generate x --reference --num-blocks 5", "--reference runs the plain generator, without the "
+                                              "paged engine's pool, scheduler or kernels: "
+                                              "--num-blocks=5 would not be used"),
+    ("generate x --reference --prefix-caching", "--prefix-caching would not be used"),
+    ("generate x --reference --backend cuda-cpu", "--backend=cuda-cpu would not be used"),
+    ("generate x --beam-width 2 --chunked-prefill 8", "--beam-width=2 samples every beam of a "
+                                                      "request in the same step, which "
+                                                      "--chunked-prefill=8 splits"),
     ("generate x --block-size 0", "--block-size=0 must be >= 1"),
     ("generate x --chunked-prefill -1", "--chunked-prefill=-1 must be >= 0"),
     ("generate x --checkpoint {missing}", "does not exist; expected an existing file"),

@@ -223,3 +223,7 @@ def test_the_pool_size_rule_and_its_note(model):
     llm = LLM(model, kv_cache_gb=0.01, block_size=16)
     assert llm.num_blocks == int(0.01 * (1 << 30)) // per_token // 16
     assert f"{per_token:,} B per token" in llm.pool_note
+    with pytest.raises(ValueError, match=f"kv_cache_gb=1e-09 holds 0 tokens of this model "
+                                         f"\\({per_token:,} B each\\), less than one block of "
+                                         "block_size=16"):
+        LLM(model, kv_cache_gb=1e-9)

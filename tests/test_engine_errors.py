@@ -18,7 +18,7 @@ pytestmark = pytest.mark.requires("torch")
 
 
 def test_bad_inputs_get_clear_errors(model):
-    from minipaged.model.engine import LLM
+    from minipaged.model.engine import LLM, PoolTooSmallError
     from minipaged.model.sampling import SamplingParams
 
     with pytest.raises(ValueError, match="num_blocks must be an int >= 1, got 0"):
@@ -29,8 +29,12 @@ def test_bad_inputs_get_clear_errors(model):
         with pytest.raises(TypeError, match=f"{flag}='no' must be a bool"):
             LLM(model, **{flag: "no"})
     llm = LLM(model, num_blocks=8, block_size=4)
-    with pytest.raises(ValueError, match=r"prompts\[1\] needs up to 13 blocks .* but num_blocks=8"):
+    with pytest.raises(PoolTooSmallError, match=r"prompts\[1\] needs up to 13 blocks .* but "
+                                                r"num_blocks=8") as refused:
         llm.generate(["a", "count down from 30:"], SamplingParams(max_tokens=30))
+    # what a front end words its own refusal with (minipaged generate names its flags)
+    assert (refused.value.prompt_index, refused.value.num_seqs, refused.value.final_len) == (
+        1, 1, 20 + 30 - 1)
     with pytest.raises(ValueError, match=r"text\[0\] = 'é'"):
         llm.generate(["é"])
     with pytest.raises(ValueError, match=r"prompts\[0\] has 301 tokens"):

@@ -50,6 +50,18 @@ PREEMPTION_MODES = ("recompute", "swap")
 LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
 
 
+class PoolTooSmallError(ValueError):
+    """A request that could not run to its end even alone in an empty pool, refused before
+    anything runs: prompt ``prompt_index``, ``num_seqs`` sequences of up to ``final_len`` tokens
+    each (the message adds the scheduler's figures). A front end names its own settings with
+    these: ``minipaged generate`` names its flags."""
+
+    def __init__(self, prompt_index: int, num_seqs: int, final_len: int, reason: str) -> None:
+        super().__init__(f"prompts[{prompt_index}] {reason}: raise num_blocks (or kv_cache_gb), "
+                         "or lower max_tokens, n or beam_width")
+        self.prompt_index, self.num_seqs, self.final_len = prompt_index, num_seqs, final_len
+
+
 @dataclass
 class StepStats:
     """What one step did, for --show-blocks and the lesson."""
@@ -161,9 +173,10 @@ class LLM:
         for i, ids in enumerate(encoded):
             # Refused up front, before anything runs: a request that could not run to its end
             # even alone in an empty pool (the scheduler's own rule).
-            reason = sched.refusal(1 if split else params.num_seqs, len(ids) + out_lens[i] - 1)
+            width, final_len = 1 if split else params.num_seqs, len(ids) + out_lens[i] - 1
+            reason = sched.refusal(width, final_len)
             if reason is not None:
-                raise ValueError(f"prompts[{i}] {reason}: raise num_blocks or lower max_tokens")
+                raise PoolTooSmallError(i, width, final_len, reason)
         arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
         if len(arrival_steps) != len(encoded) or any(
                 isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0

@@ -16,11 +16,14 @@ DEFAULT_NUM_BLOCKS = 256  # a model object's pool when neither num_blocks nor a 
 
 
 def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float | None,
-              from_dir: bool) -> tuple[int, str]:
+              from_dir: bool, *, names: tuple[str, str] = ("kv_cache_gb", "block_size"),
+              ) -> tuple[int, str]:
     """(num_blocks, a line saying how): ``num_blocks`` when given; else what ``kv_cache_gb`` GiB
     hold; with neither, 1 GiB for a model loaded ``from_dir`` (a Hugging Face folder) and 256
     blocks for a model passed as an object (the bundled tiny model, a Decoder built in code, or
-    one already loaded with ``hf.load_hf``: pass ``kv_cache_gb`` to size that one by budget)."""
+    one already loaded with ``hf.load_hf``: pass ``kv_cache_gb`` to size that one by budget).
+    ``names``: what the caller calls kv_cache_gb and block_size when a budget holds no block
+    (the command line: --kv-cache-gb and --block-size)."""
     from minipaged.sim.memory import GiB, GPUSpec, MemoryPreset, ModelSpec, kv_calc
 
     if num_blocks is not None:
@@ -40,8 +43,11 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     r = kv_calc(MemoryPreset(spec, host, int(gb * GiB)), block_size=block_size,
                 context_len=c.max_seq_len)
     if r["num_blocks"] < 1:
-        raise ValueError(f"kv_cache_gb={gb} holds {r['token_slots']} tokens, less than one "
-                         f"block of {block_size}: raise it")
+        gb_name, bs_name = names
+        raise ValueError(f"{gb_name}={gb:g} holds {r['token_slots']:,} tokens of this model "
+                         f"({r['kv_bytes_per_token']:,} B each), less than one block of "
+                         f"{bs_name}={block_size}; expected a larger {gb_name} or a smaller "
+                         f"{bs_name}")
     return r["num_blocks"], (
         f"KV pool: 2 x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.head_dim} x 4 B = "
         f"{r['kv_bytes_per_token']:,} B per token; {gb:g} GiB / that = {r['token_slots']:,} "

@@ -67,33 +67,39 @@ def add_generate(sub) -> None:
     num(p, "--temperature", float, 0.0, "0 = greedy; > 0 samples from softmax(logits / T)",
         bounds(low=0))
     num(p, "--top-k", int, 0, "sample among the k likeliest (0 = all)", NON_NEGATIVE)
-    num(p, "--n", int, 1, "parallel samples per prompt (they share the prompt's blocks)")
-    num(p, "--beam-width", int, 1, "> 1: beam search, that many beams")
+    samples = p.add_mutually_exclusive_group()
+    num(samples, "--n", int, 1, "parallel samples per prompt (they share the prompt's blocks)")
+    num(samples, "--beam-width", int, 1, "> 1: beam search, that many beams")
     num(p, "--seed", int, 0, "sampling seed", NON_NEGATIVE)
-    num(p, "--num-blocks", int, None, "KV pool size in blocks (unset: 256 for the tiny model, "
-        "else what --kv-cache-gb holds)")
-    num(p, "--kv-cache-gb", float, None, "KV budget in GiB when --num-blocks is unset (unset: "
-        "1 with --model)", bounds(above=0), metavar="GB")
     path(p, "--model", input_dir, "a Hugging Face model directory (Llama, Qwen2, Qwen3)")
     p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
     num(p, "--max-model-len", int, None, "with --model: positions to keep (unset: the config's)")
-    num(p, "--block-size", int, 16, "token slots per block")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="share full prompt blocks across requests by hash (vLLM v1)")
-    p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
-                   help="what to do when the pool runs out")
-    num(p, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS tokens "
-        "(0: off, except for models of more than 8192 positions, chunked by 512)", NON_NEGATIVE,
-        metavar="TOKENS")
     p.add_argument("--reference", action="store_true",
                    help="use the plain reference generator (contiguous cache, no batching)")
-    p.add_argument("--show-blocks", action="store_true",
-                   help="draw the block tables after every step that changes them (stderr)")
-    p.add_argument("--backend", choices=("numpy", "cuda-cpu", "cupy"), default="numpy",
-                   help="attention and cache kernels: NumPy, the CUDA kernels under their CPU "
-                        "emulation (cuda-cpu: needs g++), or the same kernels on a GPU through "
-                        "CuPy (cupy: needs a CUDA GPU and CuPy)")
     path(p, "--checkpoint", input_file, "a checkpoint other than the shipped one")
+    engine = p.add_argument_group("the paged engine (not with --reference)")
+    pool = engine.add_mutually_exclusive_group()
+    num(pool, "--num-blocks", int, None, "KV pool size in blocks (unset: 256 for the tiny "
+        "model, else what --kv-cache-gb holds)")
+    num(pool, "--kv-cache-gb", float, None, "KV budget in GiB, instead of --num-blocks (unset: "
+        "1 with --model)", bounds(above=0), metavar="GB")
+    num(engine, "--block-size", int, 16, "token slots per block")
+    engine.add_argument("--prefix-caching", action="store_true",
+                        help="share full prompt blocks across requests by hash (vLLM v1)")
+    engine.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
+                        help="what to do when the pool runs out")
+    num(engine, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS "
+        "tokens (0: off, except for models of more than 8192 positions, chunked by 512)",
+        NON_NEGATIVE, metavar="TOKENS")
+    engine.add_argument("--show-blocks", action="store_true",
+                        help="draw the block tables after every step that changes them (stderr)")
+    engine.add_argument("--backend", choices=("numpy", "cuda-cpu", "cupy"), default="numpy",
+                        help="attention and cache kernels: NumPy, the CUDA kernels under their "
+                             "CPU emulation (cuda-cpu: needs g++), or the same kernels on a GPU "
+                             "through CuPy (cupy: needs a CUDA GPU and CuPy)")
+    # What --reference would ignore: each engine option, by its flag, and its unset value.
+    p.set_defaults(engine_options={a.option_strings[0]: (a.dest, a.default)
+                                   for a in engine._group_actions})
 
 
 def _escape(text: str) -> str:
@@ -172,7 +178,51 @@ def _load(args):
     return model, tok, prompts
 
 
+# What one sample holds until the outputs are printed (its request record, token ids, text),
+# measured with /usr/bin/time: about 5 KB with 20 new tokens (2,000 and 8,000 samples of one
+# prompt, with --prefix-caching, which makes each sample a request).
+BYTES_PER_SAMPLE = 8_000
+
+
+def _check_flags(args) -> None:
+    """What the parser cannot see, before any work: flags the chosen generator would not use,
+    and more samples than memory holds."""
+    if args.reference:
+        unused = [flag + ("" if value is True else f"={value}")
+                  for flag, (dest, unset) in args.engine_options.items()
+                  if (value := getattr(args, dest)) != unset]
+        if unused:
+            raise ValueError(f"--reference runs the plain generator, without the paged "
+                             f"engine's pool, scheduler or kernels: {', '.join(unused)} would "
+                             "not be used; expected --reference without them")
+    if args.beam_width > 1 and args.chunked_prefill:
+        raise ValueError(f"--beam-width={args.beam_width} samples every beam of a request in "
+                         f"the same step, which --chunked-prefill={args.chunked_prefill} "
+                         "splits; expected one of them")
+    width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
+    refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
+                      len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
+
+
+def _too_small(args, e, blocks: int, kv_cache_gb: float | None) -> str:
+    """The engine's refusal of a request no pool of this size can run, in the flags' words."""
+    if args.num_blocks is not None:
+        source = "given"
+    elif kv_cache_gb is not None:
+        source = f"what --kv-cache-gb={kv_cache_gb:g} holds"
+    else:
+        source = "the default"
+    flag, value = ("--n", args.n) if args.n > 1 else ("--beam-width", args.beam_width)
+    together = e.num_seqs > 1    # a prompt's forked samples or beams, which need room at once
+    return (f"PROMPT {e.prompt_index + 1}" + (f" with {flag}={value}" if together else "")
+            + f": {e.num_seqs} sequence(s) of up to {e.final_len} tokens do not fit, even alone,"
+            f" in the pool's {blocks:,} blocks of --block-size={args.block_size} ({source}); "
+            "expected a larger --num-blocks or --kv-cache-gb, or a smaller --max-tokens"
+            + (f" or {flag}" if together else ""))
+
+
 def generate(args) -> int:
+    _check_flags(args)
     need_torch()
     import torch
 
@@ -189,7 +239,7 @@ def generate(args) -> int:
         outs = ReferenceGenerator(model, tokenizer=tokenizer).generate(prompts, params)
         summary = "reference generator (contiguous cache per sequence)"
     else:
-        from minipaged.model.engine import LLM
+        from minipaged.model.engine import LLM, PoolTooSmallError
 
         c = model.cfg
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
@@ -201,7 +251,8 @@ def generate(args) -> int:
         if kv_cache_gb is None and args.model is not None:
             kv_cache_gb = DEFAULT_KV_CACHE_GB
         # The pool LLM will make (pool.py's rule, arithmetic only), checked before it is made.
-        blocks, _ = pool_size(model, args.num_blocks, args.block_size, kv_cache_gb, False)
+        blocks, _ = pool_size(model, args.num_blocks, args.block_size, kv_cache_gb, False,
+                              names=("--kv-cache-gb", "--block-size"))
         given = (f"--num-blocks={blocks}" if args.num_blocks is not None
                  else f"--kv-cache-gb={kv_cache_gb:g}" if kv_cache_gb is not None
                  else f"the default {blocks} blocks")
@@ -216,7 +267,10 @@ def generate(args) -> int:
         if args.show_blocks:
             show.append(_block_drawer(err))
         llm.on_step = lambda stats: [f(stats) for f in show]
-        outs = llm.generate(prompts, params)
+        try:
+            outs = llm.generate(prompts, params)
+        except PoolTooSmallError as e:      # refused before any step
+            raise ValueError(_too_small(args, e, blocks, kv_cache_gb)) from None
         err.print(f"[dim]{llm.pool_note}[/dim]")
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "
