@@ -49,12 +49,16 @@ CASES: list[tuple[str, str]] = [
     # kv-calc
     ("kv-calc --layers 0", "--layers=0 must be >= 1"),
     ("kv-calc --kv-heads 0", "--kv-heads=0 must be >= 1"),
-    ("kv-calc --dtype-bytes 0", "--dtype-bytes=0 must be >= 1"),
+    ("kv-calc --dtype-bytes 0", "argument --dtype-bytes: invalid choice: 0 (choose from 1, 2, 4, "
+                                "8)"),
+    ("kv-calc --dtype-bytes 3", "argument --dtype-bytes: invalid choice: 3"),
+    ("kv-calc --entry-bytes 3", "argument --entry-bytes: invalid choice: 3 (choose from 1, 2, 4, "
+                                "8)"),
     ("kv-calc --head-size -3", "--head-size=-3 must be >= 1"),
     ("kv-calc --num-requests -5", "--num-requests=-5 must be >= 1"),
     ("kv-calc --block-size 0", "--block-size=0 must be >= 1"),
     ("kv-calc --context-len 0", "--context-len=0 must be >= 1"),
-    ("kv-calc --entry-bytes 0", "--entry-bytes=0 must be >= 1"),
+    ("kv-calc --entry-bytes 0", "argument --entry-bytes: invalid choice: 0"),
     ("kv-calc --kv-cache-gb 0", "--kv-cache-gb=0.0 must be > 0"),
     ("kv-calc --kv-cache-gb -1", "--kv-cache-gb=-1.0 must be > 0"),
     ("kv-calc --kv-cache-gb inf", "--kv-cache-gb=inf must be a finite number"),
@@ -63,8 +67,14 @@ CASES: list[tuple[str, str]] = [
     ("kv-calc --layers 2.5", "argument --layers: invalid int value: '2.5'"),
     ("kv-calc --tp 0", "--tp=0 must be >= 1"),
     ("kv-calc --tp 2.5", "argument --tp: invalid int value: '2.5'"),
-    ("kv-calc --model llama-3-8b --tp 3", "tp=3 must divide the 32 query heads of llama-3-8b"),
-    ("kv-calc --kv-heads 20 --tp 8", "tp=8 and the 20 KV heads of opt-13b (custom): one must"),
+    ("kv-calc --tp 3", "--tp=3 cannot shard opt-13b: vLLM needs --tp to divide the 40 query "
+                       "heads, and --tp and the 40 KV heads must divide one another"),
+    ("kv-calc --model llama-3-8b --tp 3", "--tp=3 cannot shard llama-3-8b: vLLM needs --tp to "
+                                          "divide the 32 query heads"),
+    ("kv-calc --kv-heads 20 --tp 8", "--tp=8 cannot shard opt-13b (custom): vLLM needs --tp to "
+                                     "divide the 40 query heads, and --tp and the 20 KV heads"),
+    ("kv-calc --model deepseek-v2 --tp 3", "--tp=3 cannot shard deepseek-v2: vLLM needs --tp to "
+                                           "divide the 128 query heads"),
     ("kv-calc --model deepseek-v2 --tp 4", "(109.9 GiB of weights per GPU at tp=4) leaves no KV"),
     ("kv-calc --kv-dtype fp4", "argument --kv-dtype: invalid choice: 'fp4'"),
     ("kv-calc --kv-dtype fp8 --dtype-bytes 1", "--kv-dtype and --dtype-bytes both set the bytes"),

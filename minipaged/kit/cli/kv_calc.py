@@ -35,6 +35,10 @@ layer, kv_lora_rank 512 + qk_rope_head_dim 64 elements, on every GPU (TP does no
 """
 
 
+# The sizes a machine type has, for --dtype-bytes and --entry-bytes: there is no 3-byte float.
+BYTES = (1, 2, 4, 8)
+
+
 def add_kv_calc(sub) -> None:
     p = command(sub, "kv-calc", "KV cache arithmetic: bytes per token, slots, blocks, "
                 "block-table size", KV_CALC_HELP, kv_calc)
@@ -49,12 +53,26 @@ def add_kv_calc(sub) -> None:
     num(p, "--layers", int, None, "custom model: number of layers")
     num(p, "--kv-heads", int, None, "custom model: number of KV heads")
     num(p, "--head-size", int, None, "custom model: head size")
-    num(p, "--dtype-bytes", int, None, "custom model: bytes per element (2 fp16, 1 fp8)")
+    p.add_argument("--dtype-bytes", type=int, choices=BYTES, help="custom model: bytes per "
+                   "element (2 fp16, 1 fp8)")
     num(p, "--block-size", int, 16, "tokens per block")
     num(p, "--context-len", int, 2048, "tokens per request, for the per-request figures")
     num(p, "--num-requests", int, 1000, "how many requests' block tables to add up")
-    num(p, "--entry-bytes", int, 4, "bytes per block-table entry (vLLM: int32 = 4)")
+    p.add_argument("--entry-bytes", type=int, default=4, choices=BYTES,
+                   help="bytes per block-table entry (vLLM: int32 = 4)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def _check_tp(m: memory.ModelSpec, tp: int) -> None:
+    """vLLM's rule for sharding over --tp GPUs (``ModelSpec.kv_heads_per_gpu`` decides), refused
+    in the flag's words."""
+    try:
+        m.kv_heads_per_gpu(tp)
+    except ValueError:
+        kv = "" if m.is_mla else (f", and --tp and the {m.num_kv_heads} KV heads must divide one "
+                                  "another")
+        raise ValueError(f"--tp={tp} cannot shard {m.name}: vLLM needs --tp to divide the "
+                         f"{m.num_heads} query heads{kv}") from None
 
 
 def kv_calc(args) -> int:
@@ -62,6 +80,8 @@ def kv_calc(args) -> int:
 
     if args.kv_dtype is not None and args.dtype_bytes is not None:
         raise ValueError("--kv-dtype and --dtype-bytes both set the bytes per element: give one")
+    if args.tp is not None:
+        _check_tp(memory.KV_PRESETS[args.model].model, args.tp)
     p = memory.kv_preset(args.model, kv_cache_gb=args.kv_cache_gb, tp=args.tp,
                          kv_dtype=args.kv_dtype)
     if any(v is not None for v in (args.layers, args.kv_heads, args.head_size, args.dtype_bytes)):
@@ -75,6 +95,7 @@ def kv_calc(args) -> int:
                     num_heads=heads, num_kv_heads=kv_heads, head_size=args.head_size or
                     m.head_size, dtype_bytes=args.dtype_bytes or m.dtype_bytes)
         p = replace(p, model=m)
+        _check_tp(m, p.tp)           # the custom heads, which the preset's check did not see
     r = memory.kv_calc(p, block_size=args.block_size, context_len=args.context_len,
                 num_requests=args.num_requests, entry_bytes=args.entry_bytes)
     if args.json:
