@@ -85,7 +85,13 @@ CASES: list[tuple[str, str]] = [
     (f"simulate --num-requests {BIG}", f"--num-requests={BIG} would need about"),
     ("simulate --kv-cache-gb 2e6", "--kv-cache-gb=2e+06 (163,840,000 simulated blocks) would "
                                    "need about"),
-    ("simulate --kv-cache-gb 0.00001", "holds no block of block_size=16"),
+    ("simulate --kv-cache-gb 0.00001", "--kv-cache-gb=1e-05 holds 0 token slots, less than one "
+                                       "block of --block-size=16; expected a smaller "
+                                       "--block-size or a larger --kv-cache-gb"),
+    (f"simulate --block-size {10**30}", f"the opt-13b preset's 12.00 GiB of KV cache holds 15,728 "
+                                        f"token slots, less than one block of --block-size="
+                                        f"{10**30}; expected a smaller --block-size"),
+    (f"bench simulate --sizes 5 --block-size {10**30}", "less than one block of --block-size="),
     ("simulate --request-rate 0", "--request-rate=0.0 must be > 0"),
     ("simulate --request-rate -1", "--request-rate=-1.0 must be > 0"),
     ("simulate --request-rate fast", "argument --request-rate: invalid float value: 'fast'"),
@@ -95,7 +101,11 @@ CASES: list[tuple[str, str]] = [
     ("simulate --n 2 --beam-width 2", "argument --beam-width: not allowed with argument --n"),
     ("simulate --max-num-seqs 0", "--max-num-seqs=0 must be >= 1"),
     ("simulate --max-num-batched-tokens 0", "--max-num-batched-tokens=0 must be >= 1"),
-    ("simulate --max-num-batched-tokens 1", "max_num_batched_tokens=1 must be >= "),
+    ("simulate --max-num-batched-tokens 1", "--max-num-batched-tokens=1 is below the 2048 "
+                                            "positions of opt-13b: without --chunked-prefill a "
+                                            "whole prompt is one step; expected at least 2048"),
+    ("simulate --sharing prefix", "--sharing=prefix is how the --n samples of a request share "
+                                  "its prompt, and --n is 1"),
     ("simulate --seed -1", "--seed=-1 must be >= 0"),
     ("simulate --policy nope", "argument --policy: invalid choice: 'nope'"),
     ("simulate --sharing nope", "argument --sharing: invalid choice: 'nope'"),

@@ -20,9 +20,11 @@ from rich.table import Table
 
 from minipaged._checks import OutOfBlocksError
 from minipaged._install import TORCH_HINT
+from minipaged.sim import nbytes
 from minipaged.sim.host import SIM_BYTES_PER_BLOCK as SIM_BYTES_PER_BLOCK
 from minipaged.sim.host import check_sim_size as check_sim_size
 from minipaged.sim.host import refuse_if_too_big as refuse_if_too_big
+from minipaged.sim.memory import preset
 
 # ---- errors and sizes --------------------------------------------------------------------------
 
@@ -51,6 +53,19 @@ def describe(e: BaseException) -> str:
     if isinstance(e, MemoryError):
         return f"out of memory {e}".strip()
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def check_sim_blocks(model: str, kv_cache_gb: float | None, block_size: int) -> None:
+    """Refuse a paged simulation whose KV budget holds no block, naming the flags (the
+    simulator refuses it too, later, in its parameters' names)."""
+    p = preset(model, kv_cache_gb=kv_cache_gb)
+    if p.num_token_slots >= block_size:
+        return
+    budget = (f"--kv-cache-gb={kv_cache_gb:g}" if kv_cache_gb is not None
+              else f"the {model} preset's {nbytes(p.kv_cache_bytes)} of KV cache")
+    raise ValueError(f"{budget} holds {p.num_token_slots:,} token slots, less than one block of "
+                     f"--block-size={block_size}; expected a smaller --block-size"
+                     + (" or a larger --kv-cache-gb" if kv_cache_gb is not None else ""))
 
 
 def need_torch() -> None:

@@ -20,7 +20,14 @@ from minipaged.kit.cli.args import (
     path,
     workload,
 )
-from minipaged.kit.cli.common import check_sim_size, progress_bar, reading, table, write_json
+from minipaged.kit.cli.common import (
+    check_sim_blocks,
+    check_sim_size,
+    progress_bar,
+    reading,
+    table,
+    write_json,
+)
 from minipaged.serving.memory_policy import POLICY_NAMES
 from minipaged.sim import pct
 from minipaged.sim.memory import PRESETS
@@ -95,10 +102,26 @@ def add_simulate(sub) -> None:
     json_out(p, "every figure")
 
 
+def _check_flags(args) -> None:
+    """Flags that contradict each other, refused in their own words before any work."""
+    if args.policy == "paged":
+        check_sim_blocks(args.model, args.kv_cache_gb, args.block_size)
+    if args.sharing == "prefix" and args.n == 1:
+        raise ValueError("--sharing=prefix is how the --n samples of a request share its "
+                         "prompt, and --n is 1 (beam search forks its beams); expected --n 2 "
+                         "or more with it")
+    max_len, budget = PRESETS[args.model].model.max_model_len, args.max_num_batched_tokens
+    if budget is not None and budget < max_len and not args.chunked_prefill:
+        raise ValueError(f"--max-num-batched-tokens={budget} is below the {max_len} positions "
+                         f"of {args.model}: without --chunked-prefill a whole prompt is one "
+                         f"step; expected at least {max_len}, or --chunked-prefill")
+
+
 def simulate(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
     from minipaged.sim.workloads import WORKLOADS, has_arrival_times, load_jsonl
 
+    _check_flags(args)
     num_requests, rate = args.num_requests, f"at {args.request_rate} req/s"
     if args.workload not in WORKLOADS:       # a trace: read it once here, to blame it by name
         with reading("--workload", args.workload):
