@@ -185,6 +185,10 @@ CASES: list[tuple[str, str]] = [
     ("bench generate --requests 0", "--requests=0 must be >= 1"),
     ("bench generate --max-tokens 0", "--max-tokens=0 must be >= 1"),
     ("bench generate --block-size 100000000", "--block-size=100000000 would need about"),
+    ("bench generate --min-prompt 50 --max-prompt 10", "--min-prompt=50, --max-prompt=10 shape "
+                                                       "the requests of --model DIR"),
+    ("bench generate --min-new 50 --max-new 10", "--min-new=50, --max-new=10 shape the requests "
+                                                 "of --model DIR"),
     # generate and train (the model: torch)
     ("generate", "the following arguments are required: PROMPT"),
     ("generate é", "is not a printable ASCII character"),

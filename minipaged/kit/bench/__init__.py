@@ -27,7 +27,8 @@ def fill_unset(args, defaults: dict, quick: dict) -> None:
     what was asked for."""
     for name, value in defaults.items():
         if getattr(args, name) is None:
-            setattr(args, name, quick.get(name, value) if args.quick else value)
+            quick_run = getattr(args, "quick", False)       # bench generate has no --quick
+            setattr(args, name, quick.get(name, value) if quick_run else value)
 
 
 def medians(candidates: dict[str, Callable[[], object]], *, repeats: int) -> dict[str, float]:

@@ -25,11 +25,17 @@ from minipaged.model.sampling import SamplingParams
 
 
 def run(args) -> int:
-    if args.model or args.write_random_model:
-        from minipaged.kit.bench import generate_hf
+    from minipaged.kit.bench import generate_hf
 
+    if args.model or args.write_random_model:
         args.requests = args.requests or 16
         return generate_hf.run(args)
+    given = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in generate_hf.DEFAULTS
+             if getattr(args, name) is not None]
+    if given:  # the tiny model's requests are fixed: these would not be used
+        raise ValueError(f"{', '.join(given)} shape the requests of --model DIR (or "
+                         "--write-random-model DIR); without it the prompts are the counting "
+                         "ones of the tiny model")
     args.requests = args.requests or 32
     need_torch()
     refuse_if_too_big(f"--requests={args.requests} and --block-size={args.block_size}",

@@ -31,6 +31,7 @@ import numpy as np
 from rich.console import Console
 
 from minipaged._install import HF_EXTRA
+from minipaged.kit.bench import fill_unset
 from minipaged.kit.cli.common import need_torch, table
 from minipaged.model.sampling import SamplingParams
 
@@ -39,6 +40,10 @@ SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9
                     tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
                     rms_norm_eps=1e-5, initializer_range=0.041666666666666664, bos_token_id=0,
                     eos_token_id=0)
+
+
+# The workload's options when not given (they go with --model or --write-random-model only).
+DEFAULTS = dict(min_prompt=20, max_prompt=300, min_new=16, max_new=256, seed=0)
 
 
 def write_random_model(path, seed: int = 0, **overrides) -> None:
@@ -125,6 +130,7 @@ def _margin(hf, prompt, ours, theirs) -> str:
 
 
 def run(args) -> int:
+    fill_unset(args, DEFAULTS, {})
     for name in ("prompt", "new"):
         low, high = getattr(args, f"min_{name}"), getattr(args, f"max_{name}")
         if low > high:

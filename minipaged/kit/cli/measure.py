@@ -36,13 +36,14 @@ def _unset(bench, name: str) -> str:
     else:
         gpu, cpu = show(bench.GPU[name]), show(bench.CPU[name])
         full = gpu if gpu == cpu else f"{gpu} on cupy, {cpu} on cpu"
-    quick = f"; {show(bench.QUICK[name])} with --quick" if name in bench.QUICK else ""
+    quick = getattr(bench, "QUICK", {})
+    quick = f"; {show(quick[name])} with --quick" if name in quick else ""
     return f"(unset: {full}{quick})"
 
 
 def add_bench(sub) -> None:
     from minipaged.kit import bench
-    from minipaged.kit.bench import allocator, attention, generate, kernel, simulate
+    from minipaged.kit.bench import allocator, attention, generate, generate_hf, kernel, simulate
     from minipaged.serving.memory_policy import POLICY_NAMES
 
     p = command(sub, "bench", "measure speed: medians and ratios against a baseline run side "
@@ -90,11 +91,13 @@ def add_bench(sub) -> None:
          metavar="DIR")
     path(hf, "--write-random-model", output_dir, "first write a random model of SmolLM2-135M's "
          "shape to DIR", metavar="DIR")
-    num(hf, "--min-prompt", int, 20, "shortest prompt, tokens")
-    num(hf, "--max-prompt", int, 300, "longest prompt, tokens")
-    num(hf, "--min-new", int, 16, "shortest output, tokens")
-    num(hf, "--max-new", int, 256, "longest output, tokens")
-    num(hf, "--seed", int, 0, "draws prompts and lengths", NON_NEGATIVE)
+    for flag, what in (("--min-prompt", "shortest prompt, tokens"),
+                       ("--max-prompt", "longest prompt, tokens"),
+                       ("--min-new", "shortest output, tokens"),
+                       ("--max-new", "longest output, tokens")):
+        num(hf, flag, int, None, f"{what} " + _unset(generate_hf, flag[2:].replace("-", "_")))
+    num(hf, "--seed", int, None, "draws prompts and lengths " + _unset(generate_hf, "seed"),
+        NON_NEGATIVE)
 
     k = command(benches, "kernel", "the CUDA paged attention kernel (GPU via CuPy, or the CPU "
                 "harness): correctness, then time, bandwidth and a contiguous baseline",
