@@ -73,8 +73,9 @@ def add_simulate(sub) -> None:
          "Fig. 11) or a JSONL file of {\"prompt_len\", \"output_len\"[, \"arrival_s\"]} lines",
          default="sharegpt")
     p.add_argument("--policy", default="paged", choices=POLICY_NAMES,
-                   help="paged (vLLM) or an Orca baseline reserving max / prompt + output "
-                        "rounded up to a power of two / exactly the final length")
+                   help="paged (vLLM) or an Orca baseline reserving max_seq_len / the prompt plus "
+                        "the output rounded up to a power of two (only the output is rounded) / "
+                        "exactly the final length")
     num(p, "--num-requests", int, 1000, "requests to simulate")
     num(p, "--request-rate", float, math.inf, "requests per second, Poisson arrivals (inf: "
         "all at t=0)", bounds(above=0, finite=False))
