@@ -74,8 +74,10 @@ def test_reshape_and_cache_bad_shapes_and_dtypes():
         reshape_and_cache(ok.astype(np.float64), ok, kc, vc, np.array([0, 1]))
     with pytest.raises(ValueError, match=r"key.shape=\(2, 3, 3\) must be \[T, Hkv=2, D=3\]"):
         reshape_and_cache(np.ones((2, 3, 3), np.float32), ok, kc, vc, np.array([0, 1]))
-    with pytest.raises(ValueError, match="value must be a"):
+    with pytest.raises(ValueError, match=r"value must be \[T, Hkv, D\] \(3-D\), got shape"):
         reshape_and_cache(ok, ok[0], kc, vc, np.array([0, 1]))
+    with pytest.raises(TypeError, match="key must be a numpy array, got list"):
+        reshape_and_cache(ok.tolist(), ok, kc, vc, np.array([0, 1]))
     with pytest.raises(TypeError, match="key_cache.dtype=float32 != value_cache.dtype=float16"):
         reshape_and_cache(ok, ok, kc, vc.astype(np.float16), np.array([0, 1]))
     with pytest.raises(ValueError, match=r"key_cache must be \[NB, Hkv, BS, D\]"):

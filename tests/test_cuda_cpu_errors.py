@@ -5,8 +5,9 @@ Proofs:
   same message from the kernel launcher (one set of words for one mistake);
 - what only a kernel needs (compiled sizes and dtypes, int32 metadata, alignment, the shared
   memory of version 1) is refused with its own message;
-- reshape_and_cache and copy_blocks refuse bad slots, block pairs and dtypes, and write nothing
-  when they do; empty calls are no-ops.
+- a mistake minipaged.paged.cache_ops also rejects gets its exception and message from
+  reshape_and_cache and copy_blocks, and what only the cache kernels need gets its own; they
+  write nothing when they refuse; empty calls are no-ops.
 The kernels' results are tested in tests/test_cuda_cpu.py.
 """
 
@@ -18,6 +19,7 @@ from cuda_cpu_helpers import _numpy_oracle
 from test_cuda_cases import make_case, place
 
 from minipaged.cuda import launch as cuda
+from minipaged.paged import cache_ops
 
 # the harness is built (or loaded from the cache) once for this module: tests/conftest.py
 pytestmark = [pytest.mark.requires("cuda-cpu"), pytest.mark.usefixtures("library")]
@@ -139,36 +141,118 @@ def test_v1_beyond_shared_memory_is_refused_on_the_harness_too():
     assert launch.version == 2 and launch.max_partitions == -(-60_000 // 512)
 
 
-def test_bad_cache_inputs():
-    kc = np.zeros((2, 1, 4, 8), np.float32)
-    vc = np.zeros_like(kc)
-    key = np.ones((3, 1, 8), np.float32)
-    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 8 is out of range"):
-        cuda.reshape_and_cache(key, key, kc, vc, np.array([0, 8, -1]))
-    with pytest.raises(ValueError, match=r"names one slot twice"):
-        cuda.reshape_and_cache(key, key, kc, vc, np.array([3, 3, -1]))
-    with pytest.raises(TypeError, match=r"slot_mapping.dtype is float64"):
-        cuda.reshape_and_cache(key, key, kc, vc, np.array([0.0, 1.0, 2.0]))
-    with pytest.raises(TypeError, match=r"key.dtype is float16"):
-        cuda.reshape_and_cache(key.astype(np.float16), key, kc, vc, np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"expected \[T, Hkv=1, D=8\]"):
-        cuda.reshape_and_cache(np.ones((3, 2, 8), np.float32), np.ones((3, 2, 8), np.float32),
-                               kc, vc, np.array([0, 1, 2]))
-    kc_ro = kc.copy()
-    kc_ro.flags.writeable = False
-    with pytest.raises(ValueError, match=r"key_cache is read-only"):
-        cuda.reshape_and_cache(key, key, kc_ro, vc, np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"block_mapping\[0, 1\] = 2 is out of range"):
-        cuda.copy_blocks(kc, vc, [(0, 2)])
-    with pytest.raises(ValueError, match=r"block 0 both as a source and as a destination"):
-        cuda.copy_blocks(kc, vc, [(0, 1), (1, 0)])
-    with pytest.raises(TypeError, match=r"block_mapping\[0\] = \(0.5, 1\)"):
-        cuda.copy_blocks(kc, vc, [(0.5, 1)])
-    with pytest.raises(ValueError, match=r"writes one destination block twice"):
-        cuda.copy_blocks(np.zeros((3, 1, 4, 8), np.float32), np.zeros((3, 1, 4, 8), np.float32),
-                         [(0, 2), (1, 2)])
-    # nothing was written by any rejected call
-    assert not kc.any() and not vc.any()
+def _scatter(**changes):
+    """A factory of reshape_and_cache's arguments (NB=3, Hkv=1, BS=4, D=8, T=3), with `changes`
+    (factories too) applied: every call gets fresh arrays."""
+    def make():
+        kc, key = _zeros(3, 1, 4, 8), np.ones((3, 1, 8), np.float32)
+        args = dict(key=key, value=key.copy(), key_cache=kc, value_cache=kc.copy(),
+                    slot_mapping=np.array([0, 5, -1]))
+        return dict(args, **{k: fn() for k, fn in changes.items()})
+    return make
+
+
+def _copy(mapping, key_cache=lambda: _zeros(3, 1, 4, 8)):
+    """A factory of copy_blocks' arguments, NB=3."""
+    return lambda: dict(key_cache=key_cache(), value_cache=_zeros(3, 1, 4, 8),
+                        block_mapping=mapping)
+
+
+def _read_only(a):
+    a.flags.writeable = False
+    return a
+
+
+def _one_cache():
+    kc = _zeros(3, 1, 4, 8)
+    return dict(_scatter()(), key_cache=kc, value_cache=kc)
+
+
+# Mistakes minipaged.paged.cache_ops also rejects: the launchers run its checks, so they raise
+# the same exception with the same message (and write nothing).
+RESHAPE, COPY = "reshape_and_cache", "copy_blocks"
+SAME_AS_CACHE_OPS = [
+    ("slot out of range", RESHAPE, _scatter(slot_mapping=lambda: np.array([0, 12, -1]))),
+    ("slot twice", RESHAPE, _scatter(slot_mapping=lambda: np.array([3, 3, -1]))),
+    ("float slots", RESHAPE, _scatter(slot_mapping=lambda: np.array([0.0, 1.0, 2.0]))),
+    ("a slot short", RESHAPE, _scatter(slot_mapping=lambda: np.array([0, 1]))),
+    ("key dtype", RESHAPE, _scatter(key=lambda: np.ones((3, 1, 8), np.float16))),
+    ("Hkv mismatch", RESHAPE, _scatter(key=lambda: np.ones((3, 2, 8), np.float32),
+                                       value=lambda: np.ones((3, 2, 8), np.float32))),
+    ("2-D value", RESHAPE, _scatter(value=lambda: np.ones((3, 8), np.float32))),
+    ("list key", RESHAPE, _scatter(key=lambda: np.ones((3, 1, 8)).tolist())),
+    ("key and value differ", RESHAPE, _scatter(value=lambda: np.ones((2, 1, 8), np.float32))),
+    ("read-only cache", RESHAPE, _scatter(key_cache=lambda: _read_only(_zeros(3, 1, 4, 8)))),
+    ("one cache for K and V", RESHAPE, _one_cache),
+    ("cache dtypes differ", RESHAPE,
+     _scatter(value_cache=lambda: np.zeros((3, 1, 4, 8), np.float16))),
+    ("3-D cache", RESHAPE, _scatter(key_cache=lambda: _zeros(3, 4, 8))),
+    ("block out of range", COPY, _copy([(0, 3)])),
+    ("negative block", COPY, _copy([(-1, 2)])),
+    ("source and destination", COPY, _copy([(0, 1), (1, 0)])),
+    ("destination twice", COPY, _copy([(0, 2), (1, 2)])),
+    ("float pair", COPY, _copy([(0.5, 1)])),
+    ("triple", COPY, _copy([(0, 1, 2)])),
+    ("float array", COPY, _copy(np.array([[0, 1]], np.float32))),
+    ("read-only cache, copy", COPY, _copy([(0, 1)], lambda: _read_only(_zeros(3, 1, 4, 8)))),
+]
+
+# the ones device arrays can make too (a device array is neither read-only nor a list, and
+# whether two of them share memory is not checked)
+SAME_ON_DEVICE = [c for c in SAME_AS_CACHE_OPS if c[0] in (
+    "slot out of range", "slot twice", "float slots", "key dtype", "Hkv mismatch",
+    "key and value differ", "cache dtypes differ", "block out of range", "source and destination",
+    "destination twice")]
+
+def _written(args) -> bool:
+    return any(np.any(a) for k, a in args.items() if k.endswith("cache"))
+
+
+@pytest.mark.parametrize("op,make", [c[1:] for c in SAME_AS_CACHE_OPS],
+                         ids=[c[0] for c in SAME_AS_CACHE_OPS])
+def test_bad_cache_inputs_get_cache_ops_message(op, make):
+    with pytest.raises((TypeError, ValueError)) as numpy_error:
+        getattr(cache_ops, op)(**make())
+    args = make()
+    with pytest.raises(type(numpy_error.value)) as cuda_error:
+        getattr(cuda, op)(**args)
+    assert str(cuda_error.value) == str(numpy_error.value)
+    assert not _written(args)
+
+
+# What only a kernel needs: a compiled dtype, C-contiguous K/V and caches, the backend's arrays.
+CACHE_KERNEL_ONLY = [
+    ("float64 caches", RESHAPE,
+     _scatter(key=lambda: np.ones((3, 1, 8)), value=lambda: np.ones((3, 1, 8)),
+              key_cache=lambda: np.zeros((3, 1, 4, 8)), value_cache=lambda: np.zeros((3, 1, 4, 8))),
+     TypeError, r"key_cache.dtype is float64; the kernels are built for"),
+    ("strided key", RESHAPE, _scatter(key=lambda: np.ones((3, 1, 16), np.float32)[..., ::2]),
+     ValueError, r"key is not C-contiguous"),
+    ("strided cache", COPY, _copy([(0, 1)], lambda: _zeros(3, 1, 4, 16)[..., ::2]),
+     ValueError, r"key_cache is not C-contiguous"),
+    ("list slots", RESHAPE, _scatter(slot_mapping=lambda: [0, 5, -1]), TypeError,
+     r"slot_mapping must be a numpy array, got list"),
+]
+
+
+@pytest.mark.parametrize("op,make,exc,msg", [c[1:] for c in CACHE_KERNEL_ONLY],
+                         ids=[c[0] for c in CACHE_KERNEL_ONLY])
+def test_bad_cache_inputs_only_a_kernel_refuses(op, make, exc, msg):
+    getattr(cache_ops, op)(**make())  # NumPy takes them
+    args = make()
+    with pytest.raises(exc, match=msg):
+        getattr(cuda, op)(**args)
+    assert not _written(args)
+
+
+def test_slot_mapping_is_read_on_the_host_so_any_integer_array_will_do():
+    # the kernel reads a host copy in int64, so int16 or a strided view is fine, as in NumPy
+    make = _scatter(slot_mapping=lambda: np.array([0, 9, 5, 1, -1, 7], np.int16)[::2])
+    args, want = make(), make()
+    cache_ops.reshape_and_cache(**want)
+    cuda.reshape_and_cache(**args)
+    assert np.array_equal(args["key_cache"], want["key_cache"]) and args["key_cache"].any()
+    assert np.array_equal(args["value_cache"], want["value_cache"])
 
 
 def test_empty_calls_are_no_ops():

@@ -17,9 +17,11 @@ import types
 import numpy as np
 import pytest
 from test_cuda_cases import make_case, place
+from test_cuda_cpu_errors import SAME_ON_DEVICE
 
 from minipaged.cuda import checks, cupy_runner, kernels
 from minipaged.cuda import launch as cuda
+from minipaged.paged import cache_ops
 
 
 class FakeArray:
@@ -175,6 +177,20 @@ def test_bad_tables_are_caught_before_any_gpu_launch(launches):
                              backend="cupy")
     assert launches == []
 
+
+
+@pytest.mark.parametrize("op,make", [c[1:] for c in SAME_ON_DEVICE],
+                         ids=[c[0] for c in SAME_ON_DEVICE])
+def test_bad_cache_inputs_on_the_device_get_cache_ops_message(launches, op, make):
+    # the checks read host views of the device arrays and a host copy of the slots, so a
+    # mistake gets minipaged.paged.cache_ops' words on the GPU backend too, before any launch
+    with pytest.raises((TypeError, ValueError)) as numpy_error:
+        getattr(cache_ops, op)(**make())
+    args = {k: FakeArray(a) if isinstance(a, np.ndarray) else a for k, a in make().items()}
+    with pytest.raises(type(numpy_error.value)) as cuda_error:
+        getattr(cuda, op)(**args, backend="cupy")
+    assert str(cuda_error.value) == str(numpy_error.value)
+    assert launches == []
 
 def _gpu_args(case, seed=None):
     return [FakeArray(a) for a in (case.q, *place(case, seed=seed), case.seq_lens)]

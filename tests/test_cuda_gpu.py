@@ -2,9 +2,9 @@
 
 The same proofs as test_cuda_cpu.py, on the GPU runner: placement never changes a bit; the
 float64 reference within test_cuda_cases.tolerance; every version against v0; the cache kernels
-exact; bad
-inputs (CuPy arrays this time) rejected before the launch. Across runners (GPU against the CPU
-harness) only the stated tolerance holds: nvcc fuses multiply-adds and CUDA's expf is not glibc's.
+exact; bad inputs (CuPy arrays this time) rejected before the launch, the cache kernels' in
+minipaged.paged.cache_ops' words. Across runners (GPU against the CPU harness) only the stated
+tolerance holds: nvcc fuses multiply-adds and CUDA's expf is not glibc's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cuda_cases import make_case, place, reference, tolerance
+from test_cuda_cpu_errors import SAME_ON_DEVICE
 
 from minipaged.cuda import launch as cuda
 from minipaged.cuda.kernels import BLOCK_SIZES, DTYPES, HEAD_SIZES, VERSIONS
@@ -92,6 +93,20 @@ def test_gpu_rejects_bad_tables_before_launch():
         cuda.paged_attention(*gpu(case.q, kc, vc, tables.astype(np.int64), case.seq_lens),
                              backend="cupy")
 
+
+
+@pytest.mark.parametrize("op,make", [c[1:] for c in SAME_ON_DEVICE],
+                         ids=[c[0] for c in SAME_ON_DEVICE])
+def test_gpu_bad_cache_inputs_get_cache_ops_message(op, make):
+    import cupy
+
+    with pytest.raises((TypeError, ValueError)) as numpy_error:
+        getattr(cache_ops, op)(**make())
+    args = {k: cupy.asarray(a) if isinstance(a, np.ndarray) else a for k, a in make().items()}
+    with pytest.raises(type(numpy_error.value)) as cuda_error:
+        getattr(cuda, op)(**args, backend="cupy")
+    assert str(cuda_error.value) == str(numpy_error.value)
+    assert not any(bool(a.any()) for k, a in args.items() if k.endswith("cache"))
 
 def test_torch_cuda_tensors_zero_copy():
     torch = pytest.importorskip("torch")

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from capabilities import have
+from test_cuda_cases import tolerance
 
 from minipaged.cuda import gpu_check, kernels
 from minipaged.kit.cli import main
@@ -47,6 +48,10 @@ def test_the_checks_themselves_run_on_the_cpu_harness(monkeypatch):
                                     lens=(1, 600))
     assert len(rows) == 2 * 2 * len(kernels.VERSIONS)
     assert all(r["error_over_tolerance"] <= 1 for r in rows), rows
+    rows = gpu_check.check_versions(rng, "cpu", (("float32", 64, 16),), lens=(5, 40),
+                                    heads=((6, 3),))  # bench kernel's: its own shape
+    assert [(r["H"], r["Hkv"], r["version"]) for r in rows] == [(6, 3, v) for v in kernels.VERSIONS]
+    assert all(r["error_over_tolerance"] <= 1 and r["max_error"] >= 0 for r in rows), rows
     assert gpu_check.check_cache_kernels(rng, "cpu") == {"float32": True, "float16": True}
     monkeypatch.setattr(checks, "MAX_GRID_YZ", 200)  # 300 rows: 2 launches, as 70,000 would be
     limits = gpu_check.probe_limits(rng, "cpu", rows=300)
@@ -57,6 +62,16 @@ def test_the_checks_themselves_run_on_the_cpu_harness(monkeypatch):
         "11600 tokens, version=1", "12200 tokens, version=1", "60000 tokens, version=None",
         "S=300 rows"]
 
+
+
+@pytest.mark.parametrize("dtype", list(kernels.DTYPES))
+def test_the_oracle_check_allows_twice_the_tests_bound(dtype):
+    # kernel and NumPy oracle each keep within test_cuda_cases.tolerance of a float64
+    # reference, so gpu-check and bench kernel allow twice that between them, and no more
+    want = np.array([0.0, -1e-3, 0.5, -3.0, 60.0])
+    assert np.array_equal(gpu_check.tolerance(dtype, want), 2 * tolerance(dtype, want))
+    row = gpu_check._close(want + 1.5 * tolerance(dtype, want), want, dtype)
+    assert 0.5 < row["error_over_tolerance"] < 1 and row["max_error"] > 0
 
 def test_copy_bandwidth_counts_each_byte_read_and_written():
     """The one denominator of "% of copy bandwidth" (gpu-check and bench kernel): a copy of N

@@ -134,8 +134,11 @@ def test_core_budgets():
     # final_lens (a float was truncated), flags that must be bools ('no' was True; 14 lines are
     # two imports that ruff wraps one name per line), sizes below 2**31 (int32 block ids;
     # 10**30 blocks was a bare OverflowError), dtypes and seq-id groups that name the argument;
-    # 3,100 for the same in can_swap_out/in, CPUBlockPool's dtype and ContiguousKVCache's ids.
-    assert sum(lines.values()) <= 3100, f"core path is {sum(lines.values())} lines (> 3,100)"
+    # 3,100 for the same in can_swap_out/in, CPUBlockPool's dtype and ContiguousKVCache's ids;
+    # 3,109 for cache_ops.check_scatter, reshape_and_cache's checks as one function that the CUDA
+    # launcher runs too (it had its own copy, in other words), and a non-array key refused as
+    # check_caches refuses a non-array cache.
+    assert sum(lines.values()) <= 3109, f"core path is {sum(lines.values())} lines (> 3,109)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

@@ -38,16 +38,16 @@ def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
         raise ValueError(f"{names[0]} and {names[1]} share memory: K and V need separate caches")
 
 
-def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
-                      value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Write key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in place; a
-    slot < 0 is padding, skipped. Every argument is checked before the first write."""
-    check_caches(key_cache, value_cache, writable=True)
+def check_scatter(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
+                  slot_mapping: object) -> np.ndarray:
+    """What reshape_and_cache checks after the caches (NumPy and CUDA alike): key, value
+    [T, Hkv, D] in the cache's dtype, one slot per token, in range, none twice. Slots int64 [T]."""
     nb, hkv, bs, d = key_cache.shape
     for name, x in (("key", key), ("value", value)):
-        if not isinstance(x, np.ndarray) or x.ndim != 3:
-            raise ValueError(f"{name} must be a [T, Hkv, D] numpy array, "
-                             f"got {getattr(x, 'shape', type(x).__name__)}")
+        if not isinstance(x, np.ndarray):  # the words of check_caches and check_query
+            raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be [T, Hkv, D] (3-D), got shape {x.shape}")
         if x.shape[1:] != (hkv, d):
             raise ValueError(f"{name}.shape={x.shape} must be [T, Hkv={hkv}, D={d}] "
                              "to match key_cache [NB, Hkv, BS, D]")
@@ -60,16 +60,25 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
         raise TypeError(f"slot_mapping must hold integers, got dtype {slots.dtype}")
     if slots.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping.shape={slots.shape} must be [T={key.shape[0]}]")
-    valid = slots >= 0
-    live = slots[valid].astype(np.int64)
     for t in np.flatnonzero(slots >= nb * bs)[:1]:
         raise ValueError(f"slot_mapping[{t}]={int(slots[t])} is out of range "
                          f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
-    uniq, counts = np.unique(live, return_counts=True)
+    slots = slots.astype(np.int64)
+    uniq, counts = np.unique(slots[slots >= 0], return_counts=True)
     for dup in uniq[counts > 1][:1]:
         raise ValueError(f"slot_mapping writes slot {dup} twice (tokens "
                          f"{np.flatnonzero(slots == dup).tolist()}); each token needs its own slot")
-    blocks, offsets = live // bs, live % bs
+    return slots
+
+
+def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
+                      value_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Write key[t], value[t] ([Hkv, D] each) at cache slot ``slot_mapping[t]``, in place; a
+    slot < 0 is padding, skipped. Every argument is checked before the first write."""
+    check_caches(key_cache, value_cache, writable=True)
+    slots = check_scatter(key, value, key_cache, slot_mapping)
+    valid = slots >= 0
+    blocks, offsets = np.divmod(slots[valid], key_cache.shape[2])  # slot = block * BS + offset
     # Advanced indices split by a slice put the token axis first: [T', Hkv, D] on both sides.
     key_cache[blocks, :, offsets, :] = key[valid]
     value_cache[blocks, :, offsets, :] = value[valid]

@@ -23,8 +23,9 @@ the wrapper's overhead, so host work never hides inside a kernel figure.
                     tool, not a fast path (every CUDA thread is a fiber). Defaults are small;
                     the baseline is NumPy's paged_attention (method="gather").
 
-Before any timing, every version is compared with the NumPy oracle on a small random case (and
-on the GPU, with the torch baseline at every size); a mismatch stops the benchmark with exit 1.
+Before any timing, every version is compared with the NumPy oracle on a small ragged case, by
+gpu-check's check and tolerance (minipaged.cuda.gpu_check.check_versions), and on the GPU with
+the torch baseline at every size; a mismatch stops the benchmark with exit 1.
 """
 
 from __future__ import annotations
@@ -46,32 +47,20 @@ CPU = {**GPU, "seqs": 2, "contexts": [256, 1024], "repeats": 3}
 QUICK = dict(seqs=1, heads=4, kv_heads=2, head_size=64, contexts=[64], repeats=1)
 
 
-def _check(console, xp, args) -> bool:
-    """Every version against the NumPy oracle on a small ragged case: True when within
-    tolerance."""
-    from minipaged.cuda import paged_attention as kernel
-    from minipaged.cuda.kernels import VERSIONS
+def _check(console, args) -> bool:
+    """Every version against the NumPy oracle on a small ragged case at the benchmark's shape:
+    gpu-check's check (minipaged.cuda.gpu_check.check_versions) and its tolerance. True when
+    every version is within it."""
+    from minipaged.cuda.gpu_check import check_versions
 
-    rng = np.random.default_rng(args.seed)
-    q, kc, vc, tables, _ = decode_case(rng, 3, args.heads, args.kv_heads, args.head_size,
-                                       args.block_size, 700, args.dtype)
-    lens = np.array([700, 1, 333], np.int32)
-    expected = oracle(q, kc, vc, tables, lens).astype(np.float64)
-    # float16 output: one fp16 ulp (2^-10 relative) plus float32 reordering; float32: 1e-5
-    tol = (2.0**-10 if args.dtype == "float16" else 1e-5) * np.abs(expected) + 1e-4
-    ok = True
-    for version in VERSIONS:
-        if xp is np:
-            got = kernel(q, kc, vc, tables, lens, backend="cpu", version=version)
-        else:
-            got = kernel(*(xp.asarray(a) for a in (q, kc, vc, tables, lens)), backend="cupy",
-                         version=version).get()
-        err = np.abs(got.astype(np.float64) - expected)
-        passed = bool((err <= tol).all())
-        ok &= passed
-        console.print(f"check v{version} against the NumPy oracle: max error {err.max():.2e} "
-                      f"-> {'[green]ok[/]' if passed else '[red]FAIL[/]'}")
-    return ok
+    rows = check_versions(np.random.default_rng(args.seed), args.backend,
+                          [(args.dtype, args.head_size, args.block_size)], lens=(700, 1, 333),
+                          heads=[(args.heads, args.kv_heads)])
+    for r in rows:
+        console.print(f"check v{r['version']} against the NumPy oracle: max error "
+                      f"{r['max_error']:.2e} -> "
+                      f"{'[green]ok[/]' if r['error_over_tolerance'] <= 1 else '[red]FAIL[/]'}")
+    return all(r["error_over_tolerance"] <= 1 for r in rows)  # NaN fails
 
 
 def run(args) -> int:
@@ -105,7 +94,7 @@ def run(args) -> int:
         def timer(fn, repeats: int) -> float:
             return median_time(fn, repeats=repeats)
     xp = cupy if gpu else np
-    if not _check(console, xp, args):
+    if not _check(console, args):
         console.print("[red]the kernel disagrees with the oracle: not timing a wrong answer[/]")
         return 1
     copy_bw = copy_bandwidth(xp, timer)
