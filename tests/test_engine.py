@@ -172,7 +172,7 @@ def test_reference_dense_and_torch_attention_agree(model, reference):
         PROMPTS[:4], SamplingParams(max_tokens=MAX_TOKENS))
     for o in outs:
         assert o.outputs[0].token_ids == reference[o.prompt].token_ids
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="attention='flash' is not one of"):
         ReferenceGenerator(model, attention="flash")
 
 

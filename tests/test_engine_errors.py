@@ -21,9 +21,11 @@ def test_bad_inputs_get_clear_errors(model):
     from minipaged.model.engine import LLM, PoolTooSmallError
     from minipaged.model.sampling import SamplingParams
 
-    with pytest.raises(ValueError, match="num_blocks must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_blocks=0 is out of range: expected >= 1"):
         LLM(model, num_blocks=0)
-    with pytest.raises(ValueError, match="preemption must be one of"):
+    with pytest.raises(TypeError, match="block_size=4.0 must be an integer, got float"):
+        LLM(model, num_blocks=8, block_size=4.0)
+    with pytest.raises(ValueError, match="preemption='drop' is not one of"):
         LLM(model, preemption="drop")
     for flag in ("enable_prefix_caching", "chunked_prefill"):  # 'no' was truthy: True
         with pytest.raises(TypeError, match=f"{flag}='no' must be a bool"):
@@ -43,10 +45,12 @@ def test_bad_inputs_get_clear_errors(model):
         llm.generate(["a"], {"max_tokens": 3})
     with pytest.raises(ValueError, match="non-empty list"):
         llm.generate([])
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match="backend='tpu' is not one of"):
         LLM(model, backend="tpu")
-    with pytest.raises(ValueError, match="arrival_steps"):
+    with pytest.raises(ValueError, match=r"arrival_steps\[0\]=-1 is out of range: expected >= 0"):
         llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[-1])
+    with pytest.raises(ValueError, match=r"arrival_steps has 2 steps; expected one per prompt"):
+        llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[0, 1])
     check_pool_full(llm)
 
 

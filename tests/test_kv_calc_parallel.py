@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from minipaged.kit.cli import main
@@ -27,6 +28,7 @@ from minipaged.sim.memory import (
     PRESETS,
     GiB,
     ModelSpec,
+    block_table_bytes,
     default_kv_cache_bytes,
     kv_calc,
     kv_preset,
@@ -48,17 +50,38 @@ def test_tp_beyond_the_kv_heads_stops_dividing():
     assert m.kv_bytes_per_token_per_gpu(16) == m.kv_bytes_per_token_per_gpu(8) == 16 * 1024
 
 
-@pytest.mark.parametrize("tp, message", [
-    (3, "tp=3 must divide the 32 query heads of llama-3-8b"),
-    (0, "tp=0 must be an int >= 1"),
-    (True, "tp=True must be an int >= 1"),
-    (2.0, "tp=2.0 must be an int >= 1"),
+@pytest.mark.parametrize("tp, err, message", [
+    (3, ValueError, "tp=3 must divide the 32 query heads of llama-3-8b"),
+    (0, ValueError, "tp=0 is out of range: expected >= 1"),
+    (True, TypeError, "tp=True must be an integer, not a bool"),
+    (2.0, TypeError, "tp=2.0 must be an integer, got float"),
 ])
-def test_a_tp_vllm_refuses_is_refused(tp, message):
-    with pytest.raises(ValueError, match=message):
+def test_a_tp_vllm_refuses_is_refused(tp, err, message):
+    with pytest.raises(err, match=message):
         MODELS["llama-3-8b"].kv_heads_per_gpu(tp)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(err, match=message):
         kv_preset("llama-3-8b", tp=tp)
+
+
+@pytest.mark.parametrize("call, err, message", [
+    (lambda: ModelSpec("m", 0, 1, 1, 1, 1.0), ValueError, "num_layers=0 is out of range"),
+    (lambda: ModelSpec("m", 1, 1, 1, 1, 1.0, dtype_bytes=2.0), TypeError,
+     "dtype_bytes=2.0 must be an integer"),
+    (lambda: MODELS["opt-13b"].kv_bytes_per_token_per_gpu(1, 0), ValueError,
+     "dtype_bytes=0 is out of range: expected >= 1"),
+    (lambda: block_table_bytes(16, 16, entry_bytes=0), ValueError,
+     "entry_bytes=0 is out of range: expected >= 1"),
+    (lambda: block_table_bytes(16.0, 16), TypeError, "context_len=16.0 must be an integer"),
+])
+def test_model_and_table_sizes_are_checked(call, err, message):
+    with pytest.raises(err, match=message):
+        call()
+
+
+def test_numpy_sizes_are_kept_as_python_ints():
+    m = ModelSpec("m", np.int32(60), 128, 128, 128, 1.0, kv_lora_rank=np.int32(2**20),
+                  qk_rope_head_dim=64)
+    assert type(m.num_layers) is int and m.kv_bytes_per_token == (2**20 + 64) * 60 * 2  # > 2**31
 
 
 def test_neither_kv_heads_nor_tp_dividing_the_other_is_refused():

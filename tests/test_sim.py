@@ -44,7 +44,8 @@ def test_poisson_arrivals():
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(name="lmsys"), "workload='lmsys' is not one of"),
-    (dict(num_requests=0), "num_requests=0"),
+    (dict(num_requests=0), "num_requests=0 is out of range: expected >= 1"),
+    (dict(max_model_len=1), "max_model_len=1 is out of range: expected >= 2"),
     (dict(request_rate=0.0), "request_rate=0.0 must be > 0"),
 ])
 def test_synthetic_bad_args(kw, msg):
@@ -106,7 +107,7 @@ def test_memory_presets_match_the_paper():
     assert preset("opt-13b", kv_cache_gb=6).num_token_slots == 15728 // 2
     with pytest.raises(ValueError, match="model='gpt-5'"):
         preset("gpt-5")
-    with pytest.raises(ValueError, match="block_size=0"):
+    with pytest.raises(ValueError, match="block_size=0 is out of range: expected >= 1"):
         p.num_blocks(0)
 
 
@@ -116,7 +117,7 @@ def test_block_table_arithmetic():
     assert block_table_bytes(33, 32) == 8 and block_table_bytes(0, 16) == 0
     r = kv_calc(preset("opt-13b"), block_size=16, context_len=2048, num_requests=10)
     assert r["num_blocks"] == 15728 // 16 and r["block_table_bytes_total"] == 10 * 128 * 4
-    with pytest.raises(ValueError, match="context_len=-1"):
+    with pytest.raises(ValueError, match="context_len=-1 is out of range: expected >= 0"):
         block_table_bytes(-1, 16)
 
 
@@ -257,7 +258,7 @@ def test_bad_sim_configs_are_refused():
         SimConfig(policy="orca-max", n=2)
     with pytest.raises(ValueError, match="policy='vllm' is not one of"):
         simulate(SimConfig(policy="vllm", num_requests=2))
-    with pytest.raises(ValueError, match="block_size=0"):
+    with pytest.raises(ValueError, match="block_size=0 is out of range: expected >= 1"):
         simulate(SimConfig(block_size=0, num_requests=2))
 
 
@@ -395,6 +396,8 @@ def test_sim_config_accepts_what_a_run_uses():
     (dict(kv_cache_gb=1e9, policy="orca-max"), ValueError,
      r"kv_cache_gb=1e\+09 holds 1,310,720,000,000 token slots"),
     (dict(policy="vllm"), ValueError, "policy='vllm' is not one of"),
+    (dict(sharing="fork"), ValueError, r"sharing='fork' is not one of \['cow', 'prefix'\]"),
+    (dict(block_size=16.0), TypeError, "block_size=16.0 must be an integer"),
 ])
 def test_sim_config_refuses_bad_flags_and_sizes(kw, err, match):
     with pytest.raises(err, match=match):

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minipaged._checks import check_choice, check_int
+
 # attend(layer_index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> out [T, H, D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -65,9 +67,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
                      "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low=1))
         if self.head_size == 0 and self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
         if self.rope_scaling is not None and not (len(self.rope_scaling) == 4 and 0 <
@@ -79,8 +79,7 @@ class ModelConfig:
                              f"n_kv_heads={self.n_kv_heads} (GQA groups of equal size)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary positions")
-        if self.mlp not in ("swiglu", "gelu"):
-            raise ValueError(f"mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
+        check_choice("mlp", self.mlp, ("swiglu", "gelu"))
 
     @property
     def head_dim(self) -> int:

@@ -33,9 +33,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, replace
 
-import numpy as np
-
-from minipaged._checks import check_bool
+from minipaged._checks import check_bool, check_choice, check_int
 from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
 from minipaged.model.engine_samples import RequestRecord, Samples
@@ -113,16 +111,14 @@ class LLM:
                                                from_dir)
         if chunked_prefill is None:  # else one launch could span a whole long-context prompt
             chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        num_blocks = check_int("num_blocks", num_blocks, low=1)
+        block_size = check_int("block_size", block_size, low=1)
+        check_choice("preemption", preemption, PREEMPTION_MODES)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption == "swap" else 0
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
-        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.preemption = preemption
         self.chunked_prefill = check_bool("chunked_prefill", chunked_prefill)
@@ -178,11 +174,11 @@ class LLM:
             if reason is not None:
                 raise PoolTooSmallError(i, width, final_len, reason)
         arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
-        if len(arrival_steps) != len(encoded) or any(
-                isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0
-                for a in arrival_steps):
-            raise ValueError(f"arrival_steps must hold one int >= 0 per prompt "
-                             f"({len(encoded)}), got {arrival_steps!r:.80}")
+        if len(arrival_steps) != len(encoded):
+            raise ValueError(f"arrival_steps has {len(arrival_steps)} steps; expected one per "
+                             f"prompt ({len(encoded)})")
+        arrival_steps = [check_int(f"arrival_steps[{i}]", a, low=0)
+                         for i, a in enumerate(arrival_steps)]
         # This call's records, shared explicitly with its decoder object (engine_samples.py)
         reqs = [RequestRecord(i, ids, out_lens[i], first_index=j)
                 for i, ids in enumerate(encoded) for j in range(params.n if split else 1)]
@@ -192,7 +188,7 @@ class LLM:
             decoder = Samples(reqs, params, resolve_seed(params), self.tokenizer,
                               by_fork=not split, return_logits=return_logits)
         try:
-            self.num_steps += self._run(sched, decoder, reqs, [int(a) for a in arrival_steps],
+            self.num_steps += self._run(sched, decoder, reqs, arrival_steps,
                                         1 if split else params.n, params.beam_width)
         except BaseException:
             # Interrupted (an on_step callback raised, Ctrl-C): the manager may still hold this

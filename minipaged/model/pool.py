@@ -11,6 +11,8 @@ Read before: ../sim/memory.py. Read next: engine.py.
 
 from __future__ import annotations
 
+from minipaged._checks import check_float
+
 DEFAULT_KV_CACHE_GB = 1.0
 DEFAULT_NUM_BLOCKS = 256  # a model object's pool when neither num_blocks nor a budget is given
 
@@ -33,8 +35,8 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
                                     "default for a model object; num_blocks or kv_cache_gb "
                                     "sets it)")
     gb = DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb
-    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
-        raise ValueError(f"kv_cache_gb must be a number > 0 (GiB), got {gb!r}")
+    if not check_float("kv_cache_gb", gb) > 0:
+        raise ValueError(f"kv_cache_gb={gb} is out of range: expected > 0 (GiB)")
     c = model.cfg
     spec = ModelSpec("model", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                      float(model.num_parameters()), 4, c.max_seq_len)

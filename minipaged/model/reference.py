@@ -21,6 +21,7 @@ import copy
 import numpy as np
 import torch
 
+from minipaged._checks import check_choice
 from minipaged.model.decoder import Decoder, scale_for
 from minipaged.model.sampling import (
     Beam,
@@ -67,8 +68,7 @@ class ContiguousCache:
 
 class ReferenceGenerator:
     def __init__(self, model: Decoder, *, attention: str = "dense", tokenizer=None):
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+        check_choice("attention", attention, ATTENTIONS)
         self.model = model
         self.attention = attention
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minipaged._checks import check_choice
 from minipaged._install import GPU_HINT
 from minipaged.model.decoder import Decoder, scale_for
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
@@ -99,8 +100,7 @@ def _pad_tables(tables: list[list[int]]) -> np.ndarray:
 class PagedRunner:
     def __init__(self, model: Decoder, num_blocks: int, block_size: int, *,
                  num_cpu_blocks: int = 0, backend: str = "numpy"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_choice("backend", backend, BACKENDS)
         from minipaged.serving.swap import CPUBlockPool
 
         self.model, self.backend = model, backend

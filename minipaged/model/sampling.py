@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minipaged._checks import check_bool, check_float, check_int
 from minipaged.sharing.sampling import Candidate, select_beams
 
 
@@ -55,20 +56,11 @@ class SamplingParams:
 
     def __post_init__(self):
         for name, low in (("max_tokens", 1), ("top_k", 0), ("n", 1), ("beam_width", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"SamplingParams.{name} must be an int, got {v!r}")
-            if v < low:
-                raise ValueError(f"SamplingParams.{name} must be >= {low}, got {v}")
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
-            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
-        seed = self.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                                 or seed < 0):
-            raise ValueError(f"SamplingParams.seed must be None or an int >= 0, got {seed!r}")
+            check_int(name, getattr(self, name), low=low)
+        check_bool("ignore_eos", self.ignore_eos)
+        t = check_float("temperature", self.temperature, low=0)
+        if self.seed is not None:
+            check_int("seed", self.seed, low=0)
         if self.beam_width > 1 and self.n != 1:
             raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width} "
                              f"beams; n must be 1, got n={self.n}")

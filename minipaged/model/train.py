@@ -26,6 +26,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
+from minipaged._checks import check_int
 from minipaged.model import corpus
 from minipaged.model.checkpoint import DEFAULT_CHECKPOINT, load_model, report_path, save_checkpoint
 from minipaged.model.tokenizer import EOS, PAD, CharTokenizer
@@ -69,9 +70,9 @@ def make_batch(rng: random.Random, starts, batch_size: int, tok: CharTokenizer):
 
 def check_num_eval(num: int) -> None:
     """There are NUM_EVAL held-out prompts: a score on more would be a score on fewer."""
-    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= NUM_EVAL:
-        raise ValueError(f"num_eval={num!r} must be an int from 1 to {NUM_EVAL} (the number of "
-                         "held-out prompts)")
+    if check_int("num_eval", num, low=1) > NUM_EVAL:
+        raise ValueError(f"num_eval={num} is more than the {NUM_EVAL} held-out prompts; "
+                         f"expected <= {NUM_EVAL}")
 
 
 def check_warmup(warmup: int, steps: int, names: tuple[str, str] = ("warmup", "steps")) -> None:

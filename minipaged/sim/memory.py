@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from minipaged._checks import cdiv, check_float
+from minipaged._checks import cdiv, check_choice, check_float, check_int
 
 GiB = 1024**3
 
@@ -62,10 +62,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_heads", "num_kv_heads", "head_size", "dtype_bytes",
                   "max_model_len", "kv_lora_rank", "qk_rope_head_dim"):
-            v = getattr(self, f)
             low = 0 if f in ("kv_lora_rank", "qk_rope_head_dim") else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{f}={v!r} must be an int >= {low}")
+            object.__setattr__(self, f, check_int(f, getattr(self, f), low=low))  # as a Python int
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -87,8 +85,7 @@ class ModelSpec:
         (vllm/config/model.py get_num_kv_heads); 1 for MLA, the latent. vLLM refuses a TP that
         does not divide H (verify_with_parallel_config), or where neither of Hkv and TP
         divides the other (QKVParallelLinear's divide); so does this."""
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ValueError(f"tp={tp!r} must be an int >= 1")
+        tp = check_int("tp", tp, low=1)
         if self.num_heads % tp:
             raise ValueError(f"tp={tp} must divide the {self.num_heads} query heads of "
                              f"{self.name} (vLLM refuses it too)")
@@ -104,9 +101,8 @@ class ModelSpec:
         the model's dtype). MLA: (kv_lora_rank + qk_rope_head_dim) x layers x bytes, on every
         GPU; otherwise 2 (K and V) x layers x KV heads per GPU x head_size x bytes."""
         heads = self.kv_heads_per_gpu(tp)
-        b = self.dtype_bytes if dtype_bytes is None else dtype_bytes
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"dtype_bytes={b!r} must be an int >= 1")
+        b = check_int("dtype_bytes", self.dtype_bytes if dtype_bytes is None else dtype_bytes,
+                      low=1)
         if self.is_mla:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.num_layers * b
         return 2 * self.num_layers * heads * self.head_size * b
@@ -165,13 +161,7 @@ class MemoryPreset:
         return self.kv_cache_bytes // self.kv_bytes_per_token
 
     def num_blocks(self, block_size: int) -> int:
-        check_block_size(block_size)
-        return self.num_token_slots // block_size
-
-
-def check_block_size(block_size: int) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size={block_size!r} must be an int >= 1")
+        return self.num_token_slots // check_int("block_size", block_size, low=1)
 
 
 def default_kv_cache_bytes(model: ModelSpec, gpu: GPUSpec, *,
@@ -212,8 +202,7 @@ KV_PRESETS = {
 def preset(name: str, *, kv_cache_gb: float | None = None) -> MemoryPreset:
     """A single-GPU preset the simulator can run (``PRESETS``), optionally with its KV cache
     budget replaced (in GiB)."""
-    if name not in PRESETS:
-        raise ValueError(f"model={name!r} is not one of {sorted(PRESETS)}")
+    check_choice("model", name, sorted(PRESETS))
     return kv_preset(name, kv_cache_gb=kv_cache_gb)
 
 
@@ -223,8 +212,7 @@ def kv_preset(name: str, *, kv_cache_gb: float | None = None, tp: int | None = N
     (a budget set by vLLM's rule is recomputed with 1/TP of the weights per GPU; a fixed one,
     the paper's 12 GiB, stays), with a KV dtype of ``KV_DTYPE_BYTES``, or with its per-GPU
     budget replaced (in GiB)."""
-    if name not in KV_PRESETS:
-        raise ValueError(f"model={name!r} is not one of {sorted(KV_PRESETS)}")
+    check_choice("model", name, sorted(KV_PRESETS))
     p = KV_PRESETS[name]
     if tp is not None:
         p.model.kv_heads_per_gpu(tp)  # a TP vLLM would refuse is refused first
@@ -234,8 +222,7 @@ def kv_preset(name: str, *, kv_cache_gb: float | None = None, tp: int | None = N
                                    gpu_memory_utilization=p.gpu_memory_utilization)
         p = replace(p, kv_cache_bytes=budget, tp=tp)
     if kv_dtype is not None:
-        if kv_dtype not in KV_DTYPE_BYTES:
-            raise ValueError(f"kv_dtype={kv_dtype!r} is not one of {sorted(KV_DTYPE_BYTES)}")
+        check_choice("kv_dtype", kv_dtype, sorted(KV_DTYPE_BYTES))
         p = replace(p, kv_dtype_bytes=KV_DTYPE_BYTES[kv_dtype])
     if kv_cache_gb is not None:
         if not 0 < check_float("kv_cache_gb", kv_cache_gb) <= 2**40:  # int(gb * GiB) stays finite
@@ -246,12 +233,9 @@ def kv_preset(name: str, *, kv_cache_gb: float | None = None, tp: int | None = N
 
 def block_table_bytes(context_len: int, block_size: int, *, entry_bytes: int = 4) -> int:
     """Bytes of one request's block table: one entry per logical block."""
-    check_block_size(block_size)
-    if context_len < 0:
-        raise ValueError(f"context_len={context_len} must be >= 0")
-    if entry_bytes < 1:
-        raise ValueError(f"entry_bytes={entry_bytes} must be >= 1")
-    return cdiv(context_len, block_size) * entry_bytes
+    block_size = check_int("block_size", block_size, low=1)
+    context_len = check_int("context_len", context_len, low=0)
+    return cdiv(context_len, block_size) * check_int("entry_bytes", entry_bytes, low=1)
 
 
 def kv_calc(p: MemoryPreset, *, block_size: int = 16, context_len: int = 2048,

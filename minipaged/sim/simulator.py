@@ -37,7 +37,7 @@ from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerCon
 from minipaged.sim.cost import CostModel
 from minipaged.sim.executor import SimExecutor
 from minipaged.sim.host import check_sim_size
-from minipaged.sim.memory import check_block_size, preset
+from minipaged.sim.memory import preset
 from minipaged.sim.workloads import WORKLOADS, check_workload, make_workload, prompt_token_ids
 
 
@@ -69,9 +69,8 @@ class SimConfig:
         for name in ("num_requests", "n", "beam_width", "max_num_seqs"):
             check_int(name, getattr(self, name), low=1)
         check_int("seed", self.seed, low=0)
-        if self.sharing not in ("cow", "prefix"):
-            raise ValueError(f"sharing={self.sharing!r} must be 'cow' or 'prefix'")
-        check_block_size(self.block_size)
+        check_choice("sharing", self.sharing, ("cow", "prefix"))
+        check_int("block_size", self.block_size, low=1)
         for name in ("enable_prefix_caching", "chunked_prefill"):
             check_bool(name, getattr(self, name))
         for name, low in (("num_slots", 1), ("swap_space_blocks", 0), ("usage_every", 1)):

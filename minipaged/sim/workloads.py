@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from minipaged._checks import check_int
+
 
 @dataclass(frozen=True)
 class Request:
@@ -99,10 +101,8 @@ def synthetic(name: str, num_requests: int, *, request_rate: float = math.inf, s
     """``num_requests`` requests shaped like the paper's ``sharegpt`` or ``alpaca`` trace."""
     if name not in WORKLOADS:
         raise ValueError(f"workload={name!r} is not one of {sorted(WORKLOADS)} (or a .jsonl file)")
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ValueError(f"num_requests={num_requests!r} must be an int >= 1")
-    if max_model_len < 2:
-        raise ValueError(f"max_model_len={max_model_len} must be >= 2")
+    check_int("num_requests", num_requests, low=1)
+    check_int("max_model_len", max_model_len, low=2)
     rng = np.random.default_rng(seed)
     dist_in, dist_out = WORKLOADS[name]
     cap = float(max_model_len - 1)
