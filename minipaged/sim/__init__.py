@@ -16,6 +16,17 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def table(title: str, columns, *, left=(), **kw):
+    """A rich Table with these columns: figures right-justified, the ``left`` ones left. The
+    one table of the experiments and the command line (``kit/cli/common.py`` re-exports it)."""
+    from rich.table import Table
+
+    t = Table(title=title, **kw)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    return t
+
+
 def nbytes(n: float) -> str:
     """Bytes with a binary unit: 512 B, 8.00 KiB, 1.25 GiB (here for ``host.py``'s refusals)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from minipaged._checks import cdiv
-from minipaged.sim import pct
-from minipaged.sim.simulator import SimConfig, simulate
+from minipaged.sim import pct, table
+from minipaged.sim.simulator import SimConfig, SimResult, simulate
 from minipaged.sim.workloads import make_workload
 
 # The paper's figures (Kwon et al., SOSP 2023), every value read off Fig. 2 or Fig. 15, so
@@ -41,6 +41,12 @@ PAPER_FIG2 = {  # token / reserved / internal / external & others, percent of KV
 PAPER_FIG15_ALPACA = {"parallel": {2: 6.09, 4: 8.53, 6: 9.79},
                       "beam": {2: 37.56, 4: 53.13, 6: 55.16}}
 POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
+
+
+def _usage(r: SimResult) -> tuple[dict[str, float], float]:
+    """KV usage while requests queue (the whole run's when none did) and the share in use."""
+    u = r.kv_usage_saturated or r.kv_usage
+    return u, 1.0 - u["free"]
 
 
 def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
@@ -68,21 +74,18 @@ def max_sustainable_rate(cfg: SimConfig, *, factor: float = 4.0, iters: int = 7,
 
 def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
     """Experiment 1: KV usage by category, time-averaged while requests are queued."""
-    from rich.table import Table
     out = {}
     for pol in POLICIES:
         r = simulate(SimConfig(workload="sharegpt", policy=pol, num_requests=num_requests,
                                seed=seed))
-        u = r.kv_usage_saturated or r.kv_usage
-        used = 1.0 - u["free"]
+        u, used = _usage(r)
         out[pol] = {"usage": u, "token_share_of_used": u["token"] / used if used else 0.0,
                     "avg_batch_size": r.avg_batch_size, "paper": PAPER_FIG2[pol]}
     if console is not None:
-        t = Table(title=f"Experiment 1 (Fig. 2): KV memory while requests queue, ShareGPT, "
-                        f"{num_requests} requests, seed {seed}; ours (paper, read off Fig. 2)")
-        for c in ("policy", "token", "reserved", "internal frag.", "external frag. + free",
-                  "token / used"):
-            t.add_column(c, justify="right")
+        t = table(f"Experiment 1 (Fig. 2): KV memory while requests queue, ShareGPT, "
+                  f"{num_requests} requests, seed {seed}; ours (paper, read off Fig. 2)",
+                  ("policy", "token", "reserved", "internal frag.", "external frag. + free",
+                   "token / used"))
         for pol, d in out.items():
             u, p = d["usage"], d["paper"]
 
@@ -99,7 +102,6 @@ def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
 def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "sharegpt"),
             widths=(2, 4, 6), console=None) -> dict:
     """Experiment 2: memory saved by sharing (Fig. 15): 1 - blocks used / blocks unshared."""
-    from rich.table import Table
     out: dict = {}
     for w in workloads:
         for kind in ("parallel", "beam"):
@@ -110,13 +112,9 @@ def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "shareg
                 r = simulate(cfg)
                 out.setdefault(w, {}).setdefault(kind, {})[k] = r.memory_saving
     if console is not None:
-        t = Table(title=f"Experiment 2 (Fig. 15): memory saved by sharing, {num_requests} "
-                        f"requests, seed {seed}; paper (Alpaca, OPT-13B, read off Fig. 15) in "
-                        "brackets")
-        t.add_column("workload")
-        t.add_column("kind")
-        for k in widths:
-            t.add_column(f"{k}", justify="right")
+        t = table(f"Experiment 2 (Fig. 15): memory saved by sharing, {num_requests} requests, "
+                  f"seed {seed}; paper (Alpaca, OPT-13B, read off Fig. 15) in brackets",
+                  ["workload", "kind", *(f"{k}" for k in widths)], left=("workload", "kind"))
         for w, kinds in out.items():
             for kind, vals in kinds.items():
                 paper = PAPER_FIG15_ALPACA[kind] if w == "alpaca" else {}
@@ -130,7 +128,6 @@ def sharing(num_requests: int = 300, seed: int = 0, workloads=("alpaca", "shareg
 def rates(num_requests: int = 400, seed: int = 0, iters: int = 6, workload: str = "sharegpt",
           console=None) -> dict:
     """Experiment 3: average batch size and highest sustainable request rate per policy."""
-    from rich.table import Table
     out = {}
     for pol in POLICIES:
         cfg = SimConfig(workload=workload, policy=pol, num_requests=num_requests, seed=seed)
@@ -140,12 +137,11 @@ def rates(num_requests: int = 400, seed: int = 0, iters: int = 6, workload: str 
         r = out[pol]["max_rate_req_per_s"]
         out[pol]["paged_speedup"] = base / r if r > 0 else math.inf
     if console is not None:
-        t = Table(title=f"Experiment 3 (Figs. 12-13): sustainable rate and batch size, "
-                        f"{workload}, {num_requests} requests, seed {seed} (paper, ShareGPT, "
-                        f"section 6.2: vLLM sustains 1.7-2.7x Orca (Oracle)'s rate and 2.7-8x "
-                        f"Orca (Max)'s, Fig. 12, and batches 2.2x / 4.3x more, Fig. 13a)")
-        for c in ("policy", "avg batch (saturated)", "max rate (req/s)", "paged / this"):
-            t.add_column(c, justify="right")
+        t = table(f"Experiment 3 (Figs. 12-13): sustainable rate and batch size, {workload}, "
+                  f"{num_requests} requests, seed {seed} (paper, ShareGPT, section 6.2: vLLM "
+                  f"sustains 1.7-2.7x Orca (Oracle)'s rate and 2.7-8x Orca (Max)'s, Fig. 12, "
+                  "and batches 2.2x / 4.3x more, Fig. 13a)",
+                  ("policy", "avg batch (saturated)", "max rate (req/s)", "paged / this"))
         for pol, d in out.items():
             t.add_row(pol, f"{d['saturated_avg_batch_size']:.1f}",
                       f"{d['max_rate_req_per_s']:.3f}", f"{d['paged_speedup']:.2f}x")
@@ -171,7 +167,6 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
     share of used memory) grows with the block; block-table bytes and blocks read per decode
     fall with it; throughput (saturated, or the sustainable rate when ``iters`` > 0) peaks in
     between."""
-    from rich.table import Table
     out: dict = {}
     for w in workloads:
         # Alpaca requests are ~6x shorter: 5x as many keep the cache as full as ShareGPT's.
@@ -181,8 +176,7 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
         for bs in sizes:
             cfg = SimConfig(workload=w, num_requests=nreq, seed=seed, block_size=bs)
             r = simulate(cfg)
-            u = r.kv_usage_saturated or r.kv_usage
-            used = 1.0 - u["free"]
+            u, used = _usage(r)
             d = {
                 "waste_share_of_used": (u["reserved"] + u["internal_fragmentation"]) / used
                 if used else 0.0,
@@ -205,13 +199,10 @@ def block_size(num_requests: int = 300, seed: int = 0, sizes=(1, 2, 4, 8, 16, 32
     if console is not None:
         for w in workloads:
             nreq = num_requests * (5 if w == "alpaca" else 1)
-            t = Table(title=f"Experiment 4 (Fig. 18b): block size, {w} ({nreq} "
-                            f"requests, seed {seed}, saturated); best = "
-                            f"{out[w]['best_block_size']}")
-            cols = ["block", "waste / used", "table B/req", "blocks read/decode", "avg batch",
-                    "tokens/s"] + (["max rate"] if iters else [])
-            for c in cols:
-                t.add_column(c, justify="right")
+            t = table(f"Experiment 4 (Fig. 18b): block size, {w} ({nreq} requests, seed "
+                      f"{seed}, saturated); best = {out[w]['best_block_size']}",
+                      ["block", "waste / used", "table B/req", "blocks read/decode",
+                       "avg batch", "tokens/s"] + (["max rate"] if iters else []))
             for bs in sizes:
                 d = out[w][bs]
                 row = [str(bs), pct(d["waste_share_of_used"]),
@@ -229,7 +220,6 @@ def swap_vs_recompute(num_requests: int = 300, seed: int = 0, sizes=(4, 8, 16, 3
                       kv_cache_gb: float = 4.0, rate: float = 1.0, console=None) -> dict:
     """Experiment 5: the two preemption modes under memory pressure (a KV cache shrunk to
     ``kv_cache_gb`` GiB so that preemption happens often), per block size."""
-    from rich.table import Table
     out: dict = {}
     for bs in sizes:
         for mode in ("swap", "recompute"):
@@ -241,11 +231,10 @@ def swap_vs_recompute(num_requests: int = 300, seed: int = 0, sizes=(4, 8, 16, 3
                 "num_preemptions": r.num_preemptions,
                 "throughput_tokens_per_s": r.throughput_tokens_per_s}
     if console is not None:
-        t = Table(title=f"Experiment 5 (Fig. 19): swap vs recompute, ShareGPT at {rate} req/s, "
-                        f"{kv_cache_gb} GiB KV cache, {num_requests} requests, seed {seed}")
-        for c in ("block", "swap: latency s/tok", "preemptions", "recompute: latency s/tok",
-                  "preemptions", "recompute / swap"):
-            t.add_column(c, justify="right")
+        t = table(f"Experiment 5 (Fig. 19): swap vs recompute, ShareGPT at {rate} req/s, "
+                  f"{kv_cache_gb} GiB KV cache, {num_requests} requests, seed {seed}",
+                  ("block", "swap: latency s/tok", "preemptions", "recompute: latency s/tok",
+                   "preemptions", "recompute / swap"))
         for bs, d in out.items():
             s, rc = d["swap"], d["recompute"]
             ratio = rc["normalized_latency_s_per_token"] / s["normalized_latency_s_per_token"]

@@ -16,11 +16,10 @@ import math
 import sys
 from contextlib import contextmanager
 
-from rich.table import Table
-
 from minipaged._checks import OutOfBlocksError
 from minipaged._install import TORCH_HINT
 from minipaged.sim import nbytes
+from minipaged.sim import table as table
 from minipaged.sim.host import SIM_BYTES_PER_BLOCK as SIM_BYTES_PER_BLOCK
 from minipaged.sim.host import check_sim_size as check_sim_size
 from minipaged.sim.host import refuse_if_too_big as refuse_if_too_big
@@ -89,14 +88,6 @@ def reading(flag: str, value: str):
 
 
 # ---- output helpers ----------------------------------------------------------------------------
-
-def table(title: str, columns, *, left=(), **kw):
-    """A rich Table with these columns: figures right-justified, the ``left`` ones left."""
-    t = Table(title=title, **kw)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right")
-    return t
-
 
 def progress_bar(console, label: str):
     """A rich progress bar as a context manager yielding ``update(done, total)``."""
