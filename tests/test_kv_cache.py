@@ -10,6 +10,7 @@ from invariants import check_invariants
 from test_kv_cache_stateful import snapshot
 
 from minipaged.paged.block_allocator import OutOfBlocksError
+from minipaged.paged.block_manager import pad_tables
 from minipaged.serving.swap import KVCacheManager
 
 
@@ -47,6 +48,9 @@ def test_block_tables_padded_int32():
     t = m.block_tables(["a", "b"])
     assert t.dtype == np.int32 and t.tolist() == [[0, 1, 2], [3, -1, -1]]
     assert m.block_tables(["b"], pad=0).tolist() == [[3]]
+    # the one padding rule, which the model's runner uses for its lists of blocks too
+    assert pad_tables([[5], [6, 7]]).tolist() == [[5, -1], [6, 7]]
+    assert pad_tables([]).shape == (0, 0)
 
 
 def test_out_of_blocks_says_needed_and_free_and_changes_nothing():

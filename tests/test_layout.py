@@ -137,8 +137,9 @@ def test_core_budgets():
     # 3,100 for the same in can_swap_out/in, CPUBlockPool's dtype and ContiguousKVCache's ids;
     # 3,109 for cache_ops.check_scatter, reshape_and_cache's checks as one function that the CUDA
     # launcher runs too (it had its own copy, in other words), and a non-array key refused as
-    # check_caches refuses a non-array cache.
-    assert sum(lines.values()) <= 3109, f"core path is {sum(lines.values())} lines (> 3,109)"
+    # check_caches refuses a non-array cache; 3,113 for block_manager.pad_tables, the padding of
+    # BlockManager.block_tables that the model's runner wrote again (7 lines leave runner.py).
+    assert sum(lines.values()) <= 3113, f"core path is {sum(lines.values())} lines (> 3,113)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

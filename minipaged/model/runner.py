@@ -34,6 +34,7 @@ import torch
 from minipaged._checks import check_choice
 from minipaged._install import GPU_HINT
 from minipaged.model.decoder import Decoder, scale_for
+from minipaged.paged.block_manager import pad_tables
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 
 # "numpy": minipaged.paged.cache_ops and minipaged.paged.paged_attention (the default).
@@ -87,14 +88,6 @@ def _cuda_device() -> torch.device:
             "backend='cupy' launches the CUDA kernels through CuPy, which is not installed "
             f"({GPU_HINT})" + hint) from e
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def _pad_tables(tables: list[list[int]]) -> np.ndarray:
-    mb = max(len(t) for t in tables)
-    out = np.full((len(tables), mb), -1, dtype=np.int32)       # [S, MB]
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return out
 
 
 class PagedRunner:
@@ -234,10 +227,10 @@ class PagedRunner:
         slots = put(np.concatenate([w.slots for w in items]).astype(np.int64))         # [T]
         nd = len(dec)
         if dec:
-            bt_d = put(_pad_tables([w.block_table for w in dec]))                       # [S, MB]
+            bt_d = put(pad_tables([w.block_table for w in dec]))                        # [S, MB]
             sl_d = put(np.array([w.seq_len for w in dec], dtype=np.int32))              # [S]
         if pre:  # kept on the host: the prefill functions derive per-row metadata from them
-            bt_p = _pad_tables([w.block_table for w in pre])
+            bt_p = pad_tables([w.block_table for w in pre])
             sl_p = np.array([w.seq_len for w in pre], dtype=np.int32)
             ql_p = np.array([len(w.tokens) for w in pre], dtype=np.int32)
 

@@ -29,6 +29,16 @@ from minipaged.paged.block_allocator import BlockAllocator
 SeqId = Hashable
 
 
+def pad_tables(tables: Sequence[Sequence[int]], pad: int = -1) -> np.ndarray:
+    """int32 [S, MB] with MB the longest table; entries past a table's end are ``pad``."""
+    pad = check_int("pad", pad)
+    mb = max((len(t) for t in tables), default=0)
+    out = np.full((len(tables), mb), pad, dtype=np.int32)  # [S, MB]
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = t
+    return out
+
+
 class BlockManager:
     """Which physical blocks hold which sequence's tokens. Block ids only: the caller owns the
     K/V arrays, as vLLM's workers own the cache tensors (vllm/worker/cache_engine.py in v0)."""
@@ -64,14 +74,8 @@ class BlockManager:
         return list(self._table(seq_id))
 
     def block_tables(self, seq_ids: Sequence[SeqId], pad: int = -1) -> np.ndarray:
-        """int32 [S, MB] with MB the longest table; entries past a table's end are ``pad``."""
-        pad = check_int("pad", pad)
-        tables = [self._table(s) for s in seq_ids]
-        mb = max((len(t) for t in tables), default=0)
-        out = np.full((len(tables), mb), pad, dtype=np.int32)  # [S, MB]
-        for i, t in enumerate(tables):
-            out[i, :len(t)] = t
-        return out
+        """These sequences' tables as one int32 [S, MB] array (``pad_tables``)."""
+        return pad_tables([self._table(s) for s in seq_ids], pad)
 
     def slot_mapping(self, seq_id: SeqId, start: int, end: int) -> np.ndarray:
         """int64 [end - start]: the cache slot of each token position in [start, end)."""
