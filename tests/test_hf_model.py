@@ -166,6 +166,7 @@ def test_pool_sized_from_the_kv_budget_by_lesson_01s_arithmetic(models):
     blocks, note = pool_size(SimpleNamespace(cfg=smol, num_parameters=lambda: 0), None, 16,
                              1.0, True)
     assert smol.kv_bytes_per_token() == 2 * 30 * 3 * 64 * 4 == 46080
+    assert smol.memory_spec(dtype_bytes=2).kv_bytes_per_token == smol.kv_bytes_per_token(2)
     assert blocks == (1 << 30) // 46080 // 16 == 1456
     assert "46,080 B per token" in note and "1,456 blocks" in note
     d, _ = models["qwen3"]

@@ -88,9 +88,16 @@ class ModelConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def memory_spec(self, num_params: float = 0.0, dtype_bytes: int = 4):
+        """This model as a ``sim.memory.ModelSpec``, whose arithmetic sizes its KV pool."""
+        from minipaged.sim.memory import ModelSpec
+
+        return ModelSpec("model", self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim,
+                         num_params, dtype_bytes, self.max_seq_len)
+
     def kv_bytes_per_token(self, itemsize: int = 4) -> int:
         """2 (K and V) x layers x KV heads x head size x bytes: what one cached token costs."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
+        return self.memory_spec(dtype_bytes=itemsize).kv_bytes_per_token
 
 
 class RMSNorm(nn.Module):

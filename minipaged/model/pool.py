@@ -26,7 +26,7 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     one already loaded with ``hf.load_hf``: pass ``kv_cache_gb`` to size that one by budget).
     ``names``: what the caller calls kv_cache_gb and block_size when a budget holds no block
     (the command line: --kv-cache-gb and --block-size)."""
-    from minipaged.sim.memory import GiB, GPUSpec, MemoryPreset, ModelSpec, kv_calc
+    from minipaged.sim.memory import GiB, GPUSpec, MemoryPreset, kv_calc
 
     if num_blocks is not None:
         return num_blocks, f"KV pool: {num_blocks} blocks of {block_size} (given)"
@@ -38,8 +38,7 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     if not check_float("kv_cache_gb", gb) > 0:
         raise ValueError(f"kv_cache_gb={gb} is out of range: expected > 0 (GiB)")
     c = model.cfg
-    spec = ModelSpec("model", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
-                     float(model.num_parameters()), 4, c.max_seq_len)
+    spec = c.memory_spec(float(model.num_parameters()))
     # the "device" is host memory; kv_calc reads only its name (not bandwidth, FLOP/s)
     host = GPUSpec("host memory", int(gb * GiB), mem_bw=0.0, flops=0.0)
     r = kv_calc(MemoryPreset(spec, host, int(gb * GiB)), block_size=block_size,

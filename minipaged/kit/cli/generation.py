@@ -241,10 +241,9 @@ def generate(args) -> int:
     else:
         from minipaged.model.engine import LLM, PoolTooSmallError
 
-        c = model.cfg
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
-        kv = (pools * 2 * c.n_layers * c.n_kv_heads * c.head_dim * args.block_size
-              * next(model.parameters()).element_size())
+        kv = (pools * args.block_size
+              * model.cfg.kv_bytes_per_token(next(model.parameters()).element_size()))
         # With --model, LLM gets the loaded model, not its folder: give it the folder's default
         # budget (1 GiB, as --help says) instead of a model object's 256 blocks.
         kv_cache_gb = args.kv_cache_gb
