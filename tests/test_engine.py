@@ -21,6 +21,8 @@ interrupted calls in tests/test_engine_errors.py.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from engine_helpers import LOGIT_ATOL, MAX_TOKENS, PROMPTS, check_pool_full
@@ -223,6 +225,9 @@ def test_the_pool_size_rule_and_its_note(model):
     llm = LLM(model, kv_cache_gb=0.01, block_size=16)
     assert llm.num_blocks == int(0.01 * (1 << 30)) // per_token // 16
     assert f"{per_token:,} B per token" in llm.pool_note
+    # The cache takes the model's dtype, so a float64 model's budget buys half the blocks
+    fp64 = LLM(copy.deepcopy(model).double(), kv_cache_gb=0.01)
+    assert fp64.num_blocks == int(0.01 * (1 << 30)) // (2 * per_token) // 16
     with pytest.raises(ValueError, match=f"kv_cache_gb=1e-09 holds 0 tokens of this model "
                                          f"\\({per_token:,} B each\\), less than one block of "
                                          "block_size=16"):

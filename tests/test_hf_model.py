@@ -163,8 +163,9 @@ def test_pool_sized_from_the_kv_budget_by_lesson_01s_arithmetic(models):
 
     smol = ModelConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3,
                        hidden_dim=1536, max_seq_len=8192)
-    blocks, note = pool_size(SimpleNamespace(cfg=smol, num_parameters=lambda: 0), None, 16,
-                             1.0, True)
+    fp32 = SimpleNamespace(cfg=smol, num_parameters=lambda: 0,
+                           parameters=lambda: iter([torch.zeros(1)]))
+    blocks, note = pool_size(fp32, None, 16, 1.0, True)
     assert smol.kv_bytes_per_token() == 2 * 30 * 3 * 64 * 4 == 46080
     assert smol.memory_spec(dtype_bytes=2).kv_bytes_per_token == smol.kv_bytes_per_token(2)
     assert blocks == (1 << 30) // 46080 // 16 == 1456

@@ -2,9 +2,10 @@
 
 vLLM's CPU backend takes a fixed KV budget in GiB (VLLM_CPU_KVCACHE_SPACE; vllm/platforms/cpu.py)
 and divides it by the bytes of a block. Here ``kv_calc`` of sim/memory.py (``minipaged kv-calc``)
-does it for the loaded model in float32: bytes per token = 2 (K and V) x layers x Hkv x D x 4;
-SmolLM2-135M: 46,080, so 1 GiB holds 23,301 tokens, 1,456 blocks of 16. The default budget is a
-fixed 1 GiB, not "whatever is free", so a run sizes its pool the same way on every machine.
+does it for the loaded model in its own dtype, which the KV cache takes: bytes per token = 2 (K
+and V) x layers x Hkv x D x bytes per element; SmolLM2-135M in float32 (as hf.py loads it):
+46,080, so 1 GiB holds 23,301 tokens, 1,456 blocks of 16. The default budget is a fixed 1 GiB,
+not "whatever is free", so a run sizes its pool the same way on every machine.
 
 Read before: ../sim/memory.py. Read next: engine.py.
 """
@@ -38,7 +39,8 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
     if not check_float("kv_cache_gb", gb) > 0:
         raise ValueError(f"kv_cache_gb={gb} is out of range: expected > 0 (GiB)")
     c = model.cfg
-    spec = c.memory_spec(float(model.num_parameters()))
+    elem = next(model.parameters()).element_size()  # the KV cache takes the model's dtype
+    spec = c.memory_spec(float(model.num_parameters()), dtype_bytes=elem)
     # the "device" is host memory; kv_calc reads only its name (not bandwidth, FLOP/s)
     host = GPUSpec("host memory", int(gb * GiB), mem_bw=0.0, flops=0.0)
     r = kv_calc(MemoryPreset(spec, host, int(gb * GiB)), block_size=block_size,
@@ -50,6 +52,6 @@ def pool_size(model, num_blocks: int | None, block_size: int, kv_cache_gb: float
                          f"{bs_name}={block_size}; expected a larger {gb_name} or a smaller "
                          f"{bs_name}")
     return r["num_blocks"], (
-        f"KV pool: 2 x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.head_dim} x 4 B = "
+        f"KV pool: 2 x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.head_dim} x {elem} B = "
         f"{r['kv_bytes_per_token']:,} B per token; {gb:g} GiB / that = {r['token_slots']:,} "
         f"tokens = {r['num_blocks']:,} blocks of {block_size}")
