@@ -14,6 +14,7 @@ What is promised, and tested here:
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -177,8 +178,17 @@ def test_key_presses_are_decoded_whole():
     assert quiz.decode_key("\x1b[C") == "right" and quiz.decode_key("\x1bOC") == "right"
     assert quiz.decode_key("\x1b[D") == "left"
     assert quiz.decode_key("\x1b[A") == "other"
+    assert quiz.decode_key("\xe0M") == "right" and quiz.decode_key("\x00K") == "left"  # Windows
     assert quiz.decode_key("Q") == "q" and quiz.decode_key(" ") == " "
     assert quiz.decode_key("") == "q"                  # end of input quits, never spins
+
+
+def test_wait_key_reads_a_line_where_stdin_is_no_terminal(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Next\n"))
+    assert quiz.wait_key("press a key ") == "n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))   # end of input quits
+    assert quiz.wait_key("press a key ") == "q"
+    assert capsys.readouterr().out == "press a key \n" * 2
 
 
 def test_cli_answers_worksheet_and_errors():

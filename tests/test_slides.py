@@ -150,7 +150,7 @@ def test_presenter_prints_every_slide_without_a_terminal():
 
 def test_presenter_keys(monkeypatch):
     keys = iter(["n", " ", " ", "b", "q"])
-    monkeypatch.setattr(present, "_key", lambda prompt: next(keys))
+    monkeypatch.setattr(present, "wait_key", lambda prompt: next(keys))
     console = Console(record=True, width=100, color_system=None)
     assert present.present(DECKS[0], notes=False, start=1, interactive=True,
                            console=console) == 0
@@ -160,10 +160,10 @@ def test_presenter_keys(monkeypatch):
 
 
 def test_presenter_arrow_keys(monkeypatch):
-    # The arrow keys as quiz.decode_key names them: right twice, left once, right: slide 3.
+    # The arrow keys as keys.decode_key names them: right twice, left once, right: slide 3.
     keys = iter(["right", "right", "left", "right", "q"])
     shown = []
-    monkeypatch.setattr(present, "_key", lambda prompt: next(keys))
+    monkeypatch.setattr(present, "wait_key", lambda prompt: next(keys))
     monkeypatch.setattr(present, "render_slide",
                         lambda s, total, base, notes: shown.append(s.number) or "")
     console = Console(record=True, width=100, color_system=None)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 from rich.console import Console, RenderableType
+
+from minipaged.kit.keys import key_reader
 
 
 def layout_width(console: Console, forced: int | None) -> int:
@@ -99,7 +100,7 @@ def run(args) -> int:
         frames = itertools.chain([("tour", 0, 0, intro_frame(scenes, skipped))], frames)
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     autoplay = args.autoplay
-    with _keys() if interactive else nullcontext() as read_key:
+    with key_reader() if interactive else nullcontext() as read_key:
         for index, (name, step, _total, renderable) in enumerate(frames):
             for d, ext in outputs:
                 record(renderable, width, d / f"{index:03d}_{name}_{step + 1:02d}{ext}",
@@ -112,57 +113,10 @@ def run(args) -> int:
             console.print(renderable)
             mode = "autoplay (a: pause)" if autoplay else "space/→: next   a: autoplay"
             console.print(f"[dim]{mode}   q: quit[/dim]")
-            key = read_key(args.speed if autoplay else None)
-            if key == "q":
+            key = read_key(args.speed if autoplay else None)  # None: autoplay's time is up
+            if key == "q":  # any other key (space, enter, the right arrow) steps
                 break
             if key == "a":
                 autoplay = not autoplay
     return 0
 
-
-@contextmanager
-def _keys():
-    """A key reader for a terminal: returns "q", "a", "next" (space, enter, the right arrow,
-    any other key), or None when ``timeout`` seconds passed without a key."""
-    from minipaged.kit.quiz import decode_key
-
-    if os.name == "nt":  # pragma: no cover - exercised by hand on Windows
-        import msvcrt
-        import time
-
-        def raw(timeout: float | None) -> str | None:
-            end = None if timeout is None else time.monotonic() + timeout
-            while end is None or time.monotonic() < end:
-                if msvcrt.kbhit():
-                    ch = msvcrt.getwch()  # an arrow key is two characters, read together
-                    return ch + msvcrt.getwch() if ch in ("\x00", "\xe0") else ch
-                time.sleep(0.02)
-            return None
-
-        def restore() -> None:
-            pass
-    else:
-        import select
-        import termios
-        import tty
-
-        fd = sys.stdin.fileno()
-        saved = termios.tcgetattr(fd)
-        tty.setcbreak(fd)
-
-        def raw(timeout: float | None) -> str | None:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            return os.read(fd, 8).decode(errors="replace") if ready else None
-
-        def restore() -> None:
-            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-    def read(timeout: float | None) -> str | None:
-        ch = raw(timeout)
-        key = None if ch is None else decode_key(ch)
-        return key if key in (None, "q", "a") else "next"
-
-    try:
-        yield read
-    finally:
-        restore()

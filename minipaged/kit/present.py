@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minipaged.kit.keys import wait_key
+
 COMMENT = re.compile(r"<!--(.*?)-->", re.DOTALL)
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 DEMO = re.compile(r"^\s*demo:\s*([a-z_-]+)\s*$")
@@ -118,14 +120,8 @@ def play_demo(scene: str, console, *, interactive: bool) -> None:
         return
     for _name, _step, _total, renderable in all_frames(scenes):
         console.print(renderable)
-        if interactive and _key("frame: any key, q ends the demo ") == "q":
+        if interactive and wait_key("frame: any key, q ends the demo ") == "q":
             return
-
-
-def _key(prompt: str) -> str:
-    from minipaged.kit.quiz import wait_key
-
-    return wait_key(prompt)
 
 
 def present(path: Path, *, notes: bool, start: int, interactive: bool, console=None) -> int:
@@ -146,7 +142,7 @@ def present(path: Path, *, notes: bool, start: int, interactive: bool, console=N
     while True:
         console.clear()
         console.print(render_slide(slides[i], len(slides), path.parent, notes=notes))
-        k = _key("space/→ next  b/← back  n notes  d demo  q quit ")
+        k = wait_key("space/→ next  b/← back  n notes  d demo  q quit ")
         if k == "q":
             return 0
         if k == "n":

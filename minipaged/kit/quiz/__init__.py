@@ -21,13 +21,12 @@ once with ``--answers``, or as a worksheet of questions when stdout is not a ter
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from minipaged.kit.keys import decode_key, wait_key
 from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory, drills_systems
 from minipaged.kit.quiz.context import VERDICTS, Answer, Context, Drill, nbytes, pct
 
@@ -82,39 +81,6 @@ def answer_renderable(a: Answer) -> Group:
     if a.commands:
         parts.append(Text("reproduce: " + "\n           ".join(a.commands), style="dim"))
     return Group(*parts)
-
-
-def decode_key(raw: str) -> str:
-    """What one key press means: "right" / "left" for the arrow keys (whose escape sequences
-    ESC [ C / ESC [ D arrive together in one read), else the first character, lowercased; an
-    empty read (end of input) means "q"."""
-    if raw.startswith("\x1b[") or raw.startswith("\x1bO"):
-        return {"C": "right", "D": "left"}.get(raw[2:3], "other")
-    return raw[:1].lower() if raw else "q"
-
-
-def wait_key(prompt: str) -> str:
-    """One key press (no Enter needed on Unix terminals), as ``decode_key`` names it."""
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
-    try:
-        import os
-        import termios
-        import tty
-
-        fd = sys.stdin.fileno()
-        old = termios.tcgetattr(fd)
-        try:
-            tty.setcbreak(fd)
-            # One raw read takes a whole escape sequence (an arrow key is three bytes), so its
-            # tail is not left behind to be read as two more key presses.
-            raw = os.read(fd, 8).decode(errors="replace")
-        finally:
-            termios.tcsetattr(fd, termios.TCSADRAIN, old)
-    except (ImportError, OSError, ValueError):
-        raw = (sys.stdin.readline() or "q")[:1]
-    sys.stdout.write("\n")
-    return decode_key(raw)
 
 
 def run_quiz(drills: list[Drill], ctx: Context, *, answers: bool, interactive: bool,
