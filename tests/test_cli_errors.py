@@ -38,8 +38,8 @@ CASES: list[tuple[str, str]] = [
     ("bench attention --bogus 1", "minipaged bench attention: unrecognized arguments: --bogus 1"),
     # demo
     ("demo nope", "scene='nope' is not a scene"),
-    ("demo --width 20", "--width=20 is too narrow"),
-    ("demo --width 100000", "--width=100000 must be <= 500"),
+    ("demo --width 20", "--width=20 must be >= 60 and <= 500"),
+    ("demo --width 100000", "--width=100000 must be >= 60 and <= 500"),
     ("demo --width abc", "argument --width: invalid int value: 'abc'"),
     ("demo --speed 0", "--speed=0.0 must be > 0"),
     ("demo --speed nan", "--speed=nan must be a finite number > 0"),

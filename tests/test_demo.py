@@ -110,7 +110,7 @@ def test_list_and_bad_arguments(capsys):
     assert all(cls.name in listing for cls in SCENES)
     # On the command line a bad argument is one line on stderr and exit 2, never a traceback.
     for argv, words in ((["nope"], "scene='nope' is not a scene"),
-                        (["--width", "20"], "--width=20 is too narrow"),
+                        (["--width", "20"], "--width=20 must be >= 60 and <= 500"),
                         (["--speed", "0"], "--speed=0.0 must be > 0"),
                         (["--seed", "-1"], "--seed=-1 must be >= 0")):
         assert main(["demo", *argv]) == 2, argv
@@ -118,6 +118,10 @@ def test_list_and_bad_arguments(capsys):
         assert "minipaged demo:" in err and words in err, (argv, err)
     with pytest.raises(ValueError, match="seed=-1"):
         tour(-1, 100)
+    with pytest.raises(ValueError, match="width=59 is out of range: expected >= 60"):
+        tour(0, 59)
+    with pytest.raises(TypeError, match="seed=True must be an integer, not a bool"):
+        tour(True, 100)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses a Linux pseudo-terminal")

@@ -169,8 +169,10 @@ def test_select_by_number_and_key_and_reject_unknown():
         select(list(DRILLS), ["nope"])
     with pytest.raises(ValueError, match="num_requests"):
         Context(num_requests=0)
-    with pytest.raises(ValueError, match="seed=-1 must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"seed=-1 is out of range: expected >= 0"):
         Context(seed=-1)
+    with pytest.raises(TypeError, match="num_requests=True must be an integer, not a bool"):
+        Context(num_requests=True)
 
 
 def test_key_presses_are_decoded_whole():

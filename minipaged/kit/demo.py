@@ -27,12 +27,9 @@ from minipaged.kit.keys import key_reader
 
 
 def layout_width(console: Console, forced: int | None) -> int:
-    """The width pictures are laid out for: forced, else the terminal's, capped at 100."""
-    if forced is not None:
-        if forced < 60:
-            raise ValueError(f"--width={forced} is too narrow; expected at least 60 columns")
-        return forced
-    return max(60, min(100, console.width))
+    """The width pictures are laid out for: forced (--width, 60 to 500 columns, as the command
+    line checked), else the terminal's, between 60 and 100."""
+    return forced if forced is not None else max(60, min(100, console.width))
 
 
 def tour(seed: int, width: int, only: str | None = None):
@@ -75,8 +72,8 @@ def record(renderable: RenderableType, width: int, path: Path, title: str) -> No
 
 def run(args) -> int:
     """Play the scenes ``args`` (``minipaged demo``'s parsed arguments) ask for. The command
-    line has checked --seed, --speed and the --svg / --html folders; a ValueError here (a bad
-    scene or width) is its one-line error and exit 2."""
+    line has checked --seed, --width, --speed and the --svg / --html folders; a ValueError
+    here (a bad scene) is its one-line error and exit 2."""
     from minipaged.kit.viz.scenes import SCENES, intro_frame
 
     console = Console()

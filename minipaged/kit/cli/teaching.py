@@ -56,7 +56,7 @@ def add_demo(sub) -> None:
     num(p, "--seed", int, 0, "random seed of the requests (same seed, same pictures)",
         NON_NEGATIVE)
     num(p, "--width", int, None, "force the layout width in columns (60 to 500), e.g. for a "
-        "projector", bounds(high=500))
+        "projector", bounds(low=60, high=500))
     num(p, "--speed", float, 1.5, "seconds per frame when autoplaying",
         bounds(above=0, high=3600))
     p.add_argument("--autoplay", action="store_true", help="start in autoplay (a pauses)")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged._checks import cdiv
+from minipaged._checks import cdiv, check_int
 from minipaged.kit.quiz.answer import CLAIMS
 from minipaged.sim import (
     experiments,
@@ -106,13 +106,8 @@ class Context:
 
     def __init__(self, num_requests: int = CANONICAL_REQUESTS, seed: int = CANONICAL_SEED
                  ) -> None:
-        if isinstance(num_requests, bool) or not isinstance(num_requests, int) \
-                or num_requests < 1:
-            raise ValueError(f"num_requests={num_requests!r} must be an int >= 1")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r} must be an int >= 0 (the simulator's seed)")
-        self.num_requests = num_requests
-        self.seed = seed
+        self.num_requests = check_int("num_requests", num_requests, low=1)
+        self.seed = check_int("seed", seed, low=0)  # the simulator's seed
         self._cache: dict[tuple, Any] = {}
 
     @property

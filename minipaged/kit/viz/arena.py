@@ -17,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from minipaged._checks import check_int
 from minipaged.contiguous.usage import CATEGORIES, KVUsage
 from minipaged.kit.viz.style import (
     CATEGORY_GLYPH,
@@ -63,8 +64,7 @@ def bar_segments(usage: KVUsage, length: int) -> list[tuple[str, int]]:
 
     Largest-remainder rounding: the segments add up to exactly ``length`` and each is within one
     character of its exact share, so a bar never exaggerates a category by a whole character."""
-    if length < 1:
-        raise ValueError(f"length={length} must be >= 1")
+    length = check_int("length", length, low=1)
     if not usage.total:
         return [(c, length if c == "free" else 0) for c in CATEGORIES]
     exact = [getattr(usage, c) * length / usage.total for c in CATEGORIES]

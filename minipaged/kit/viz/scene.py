@@ -18,6 +18,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from minipaged._checks import check_choice, check_int
 from minipaged.kit.viz.blocks import block_tables, memory_map
 from minipaged.kit.viz.state import PoolView, read_pool
 from minipaged.kit.viz.style import EVENT_TAG, HEADING_STYLE, NOTE_STYLE, Labels
@@ -29,8 +30,7 @@ class Event:
     text: str
 
     def __post_init__(self) -> None:
-        if self.kind not in EVENT_TAG:
-            raise ValueError(f"event kind={self.kind!r} is not one of {sorted(EVENT_TAG)}")
+        check_choice("kind", self.kind, EVENT_TAG)
 
 
 def step_log(events: Sequence[Event], *, title: str = "this step",
@@ -79,11 +79,8 @@ class Scene:
     joiner = " "  # between two tokens' texts ("" for characters)
 
     def __init__(self, *, seed: int = 0, width: int = 100) -> None:
-        if not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r} must be an integer >= 0")
-        if not isinstance(width, int) or width < 60:
-            raise ValueError(f"width={width!r} must be an integer >= 60 (columns)")
-        self.seed, self.width = seed, width
+        self.seed = check_int("seed", seed, low=0)
+        self.width = check_int("width", width, low=60)  # columns
         self.labels = Labels()
 
     @classmethod

@@ -16,6 +16,8 @@ from collections.abc import Hashable
 
 from rich.style import Style
 
+from minipaged._checks import check_int
+
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")
 GREY = "#8C8C8C"
 _DARK_TEXT = {"#E69F00", "#56B4E9", "#F0E442", "#CC79A7"}  # light backgrounds get black text
@@ -67,8 +69,7 @@ EVENT_TAG = {
 
 def seq_label(index: int) -> str:
     """The letter of the ``index``-th sequence: A .. Z, then a .. z, then A1, B1 ..."""
-    if index < 0:
-        raise ValueError(f"index={index} must be >= 0")
+    index = check_int("index", index, low=0)
     if index < 26:
         return chr(65 + index)
     if index < 52:
