@@ -8,9 +8,9 @@ lessons 04, 06, 07 and 10, ``minipaged quiz``, ``minipaged factcheck`` and the s
 them; a run of any other size says so the same way (tests/test_factcheck.py checks that every
 place states the same figure).
 
-Also here, the one way each thing is done: ``pct`` and ``nbytes`` format figures; ``drill``
-makes a ``Drill`` of the function that computes its ``Answer``; ``finding`` makes the
-fact-check's ``Finding`` on one claim, with one of the ``VERDICTS``.
+Also here, the one way each thing is done: ``pct`` and ``nbytes`` (``minipaged.sim``'s) format
+figures; ``drill`` makes a ``Drill`` of the function that computes its ``Answer``; ``finding``
+makes the fact-check's ``Finding`` on one claim, with one of the ``VERDICTS``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from minipaged.sim import (
     simulator,
     workloads,
 )
+from minipaged.sim import nbytes as nbytes  # the one byte format (re-exported)
 
 # The canonical run configuration (see the module docstring).
 CANONICAL_REQUESTS = 300          # requests per simulation (Alpaca sweeps: 5x as many)
@@ -38,15 +39,6 @@ PRESSURE_RUN = {"kv_cache_gb": 2.0, "request_rate": 2.0}   # "preemptions in a 2
 
 # The fact-check's verdicts, each with the colour the quiz and the table print it in.
 VERDICTS = {"holds": "green", "off": "red", "unsupported": "yellow"}
-
-
-def nbytes(n: float) -> str:
-    """Bytes with a binary unit: 512 B, 8.00 KiB, 1.25 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} PiB"
 
 
 @dataclass
