@@ -41,14 +41,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(kinds)
 
 
-def describe(e: BaseException) -> str:
-    """One line for an error: its message, or what the error means when it has none."""
+def describe(e: BaseException, what: str = "") -> str:
+    """One line for an error: its message, or what the error means when it has none. ``what``
+    names the file being read (``--workload='w.jsonl'``, from ``reading``)."""
     if isinstance(e, UnicodeDecodeError):
-        return f"a file is not UTF-8 text (byte {e.start}: {e.reason})"
+        return (f"{what or 'a file'} is not UTF-8 text (byte {e.start}: {e.reason}); expected "
+                "a text file")
+    if isinstance(e, RecursionError):
+        return f"{what or 'the input'} nests too deeply to be read"
+    if isinstance(e, OSError) and what:
+        return f"{what} cannot be read: {e.strerror or e}"
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename!r}: {e.strerror}" if e.filename else e.strerror
-    if isinstance(e, RecursionError):
-        return "the input nests too deeply"
     if isinstance(e, MemoryError):
         return f"out of memory {e}".strip()
     return " ".join(str(e).split()) or type(e).__name__
@@ -78,13 +82,8 @@ def reading(flag: str, value: str):
     """Errors while reading the file an argument named become one line naming the argument."""
     try:
         yield
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{flag}={value!r} is not UTF-8 text (byte {e.start}); expected "
-                         "a text file") from None
-    except RecursionError:
-        raise ValueError(f"{flag}={value!r} nests too deeply to be read") from None
-    except OSError as e:
-        raise ValueError(f"{flag}={value!r} cannot be read: {e.strerror or e}") from None
+    except (UnicodeDecodeError, RecursionError, OSError) as e:
+        raise ValueError(describe(e, f"{flag}={value!r}")) from None
 
 
 # ---- output helpers ----------------------------------------------------------------------------
