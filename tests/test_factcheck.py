@@ -127,7 +127,10 @@ def test_the_arithmetic_claims_come_out_right(findings):
     w = findings["block-32-example"].figures
     assert w["paged_32"] == pytest.approx(31 / 64) and w["paged_16"] == pytest.approx(15 / 48)
     assert w["contiguous"] == pytest.approx(31 / 64)
-    assert len(findings["copy-on-write"].figures["copies"]) == 1
+    cow = findings["copy-on-write"].figures   # the quiz's pitfall-concept prints these
+    assert cow["ref_counts"] == [2, 2] and cow["copies"] == [(cow["table"][1],
+                                                              cow["child_table"][1])]
+    assert cow["parent_slot"] == cow["table"][1] * 16 + 4   # in place: no second copy
     nr = findings["no-page-replacement"].figures
     assert nr["preemptions"] > 0 and nr["hit_before"] == 8 and nr["hit_after"] == 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged import KVCacheManager, dense_attention, paged_attention
+from minipaged import dense_attention, paged_attention
 from minipaged._checks import cdiv
 from minipaged.kit.quiz.answer import FOLLOW_UPS, PITFALLS, QUESTION
 from minipaged.kit.quiz.context import PRESSURE_RUN, Answer, Context, drill, nbytes, pct
@@ -141,13 +141,7 @@ def follow_up_3(ctx: Context) -> Answer:
 
 @drill("pitfall-concept", *PITFALLS[0], source="pitfall 1")
 def pitfall_concept(ctx: Context) -> Answer:
-    m = KVCacheManager(8, 16)
-    m.allocate("parent", list(range(20)))           # 1 full block + 4 tokens in the second
-    m.fork("parent", "child")
-    before = m.block_table("child")
-    counts = [m.ref_count(b) for b in before]
-    slot = m.append_slot("child", 7)
-    copies = m.take_copies()
+    f = ctx.finding("copy-on-write").figures
     return Answer(
         "\"Pages for the KV cache\" is only the headline. Say how the mapping works (block table: "
         "logical block -> physical block; slot = block * BS + offset, which the kernel and "
@@ -156,10 +150,10 @@ def pitfall_concept(ctx: Context) -> Answer:
         "prompt is ever copied; full blocks stay shared.",
         figures=[
             ("20-token prompt, BS 16, forked: child's table / ref counts",
-             f"{before} / {counts}"),
-            ("child appends a token: slot, new table", f"{slot}, {m.block_table('child')}"),
-            ("copies recorded (src, dst)", str(copies)),
-            ("parent appends next: slot (in place, no copy)", str(m.append_slot("parent", 8))),
+             f"{f['table']} / {f['ref_counts']}"),
+            ("child appends a token: slot, new table", f"{f['child_slot']}, {f['child_table']}"),
+            ("copies recorded (src, dst)", str(f["copies"])),
+            ("parent appends next: slot (in place, no copy)", str(f["parent_slot"])),
         ],
         commands=["minipaged demo fork", "python lessons/04_copy_on_write.py",
                   "minipaged check 8"],

@@ -102,11 +102,13 @@ def no_external_fragmentation(ctx: Context) -> Finding:
 @check
 def copy_on_write(ctx: Context) -> Finding:
     m = KVCacheManager(8, 16)
-    m.allocate("parent", list(range(20)))  # 2 blocks, the second partly filled
+    m.allocate("parent", list(range(20)))  # 1 full block + 4 tokens in the second
     m.fork("parent", "child")
-    m.append_slot("child", 99)
+    table = m.block_table("child")
+    ref_counts = [m.ref_count(b) for b in table]
+    child_slot = m.append_slot("child", 99)
     copies = m.take_copies()
-    m.append_slot("parent", 98)
+    parent_slot = m.append_slot("parent", 98)
     return finding(
         "copy-on-write", f"fork then append: copies {copies} for the writer; the other owner, "
         f"now alone, writes in place (copies afterwards: {m.take_copies()})", "holds",
@@ -114,7 +116,8 @@ def copy_on_write(ctx: Context) -> Finding:
         "(vLLM v0's forks; the v1 engine has no forks and copies a block only when a "
         "prefix-cache hit ends inside it, which hybrid models' finer hashes allow: "
         "vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; vllm/v1/core/kv_cache_utils.py)",
-        copies=copies)
+        copies=copies, table=table, ref_counts=ref_counts, child_slot=child_slot,
+        child_table=m.block_table("child"), parent_slot=parent_slot)
 
 
 @check
