@@ -45,6 +45,9 @@ def check_pool(view: PoolView, m, final_lens) -> None:
             assert m.ref_count(b.block) == 0
     n_free = sum(1 for b in view.blocks if b.state in ("free", "cached"))
     assert n_free == m.num_free_blocks
+    cached = getattr(m.allocator, "cached_blocks", dict)()   # prefix caching only
+    assert view.hashed == set(cached.values())
+    assert {b.block for b in view.blocks if b.state == "cached"} <= view.hashed
     if not any(b.state == "held" for b in view.blocks):
         usage = m.usage(final_lens).as_dict()
         assert count_categories(view.slot_categories(final_lens)) == {

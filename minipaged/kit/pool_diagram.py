@@ -36,12 +36,11 @@ from minipaged.kit.viz.state import PoolView, read_pool
 
 @dataclass
 class PoolState:
-    """What ``draw`` shows: the demo's ``PoolView`` of the manager (``viz/state.py``), the
-    blocks that carry a prefix hash (in a table or not) and the sequences preempted by
+    """What ``draw`` shows: the demo's ``PoolView`` of the manager (``viz/state.py``, with the
+    blocks that carry a prefix hash, in a table or not) and the sequences preempted by
     recomputation, which the manager no longer holds (their tokens kept, by the caller)."""
 
     view: PoolView
-    hashed: set[int]
     waiting: dict[str, int] = field(default_factory=dict)       # recompute: tokens kept
     cpu_note: str = ""
 
@@ -58,9 +57,7 @@ class PoolState:
 def read_state(manager, waiting: dict | None = None) -> PoolState:
     """The state ``draw`` needs, from a KVCacheManager's public methods. ``waiting``: sequences
     preempted by recomputation (the manager forgot them; the caller keeps their tokens)."""
-    cached = getattr(manager.allocator, "cached_blocks", None)  # prefix caching only
-    return PoolState(read_pool(manager), set(cached().values()) if cached else set(),
-                     {s: len(t) for s, t in (waiting or {}).items()})
+    return PoolState(read_pool(manager), {s: len(t) for s, t in (waiting or {}).items()})
 
 
 @dataclass
@@ -143,7 +140,7 @@ def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: flo
     cols = v.num_blocks if v.num_blocks <= 12 else math.ceil(v.num_blocks / 2)
     box_w, box_h = (c.width - 4) / cols - 10, 84
     for blk in v.blocks:
-        b, owners, ref, hashed = blk.block, blk.owners, blk.ref_count, blk.block in st.hashed
+        b, owners, ref, hashed = blk.block, blk.owners, blk.ref_count, blk.block in v.hashed
         x, by = 4 + (b % cols) * (box_w + 10), y + (b // cols) * (box_h + 10)
         copy_of = marks.copies.get(b)
         stroke, width = (COPY_MARK, 5) if copy_of is not None else ((INK, 2.5) if ref else
@@ -172,7 +169,7 @@ def _pool(c: Canvas, st: PoolState, colors: dict[str, str], marks: Marks, y: flo
         if ref or hashed:
             text.append(f"  #{b:<3} {slots}  " + (f"x{ref}" if ref > 1 else "  ") + f"  {said}"
                         + (" (prefix hash)" if hashed else ""))
-    free = [b.block for b in v.blocks if not b.ref_count and b.block not in st.hashed]
+    free = [b.block for b in v.blocks if not b.ref_count and b.block not in v.hashed]
     if free:
         text.append("  free: " + " ".join(f"#{b}" for b in free))
     return y + math.ceil(v.num_blocks / cols) * (box_h + 10) - 4
@@ -192,7 +189,7 @@ def _legend_items(st: PoolState, marks: Marks) -> list[tuple[str, str, str]]:
         items.append(("box", SHARED, "slots of a shared block (×n: reference count)"))
     if any(b.state == "cached" for b in st.view.blocks):
         items.append(("box", KEPT, "free, K/V kept for the prefix cache"))
-    if st.hashed:
+    if st.view.hashed:
         items.append(("dot", HASH_MARK, "block has a prefix hash"))
     if marks.copies:
         items.append(("dashed", PAPER, "copy-on-write copy"))

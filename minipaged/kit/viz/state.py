@@ -67,6 +67,7 @@ class PoolView:
     tables: tuple[TableView, ...]
     swapped: tuple[TableView, ...] = ()  # sequences in the CPU pool, with their CPU blocks
     copies: tuple[tuple[int, int], ...] = ()
+    hashed: frozenset[int] = frozenset()  # blocks the prefix cache holds a hash of (any state)
 
     def slot_categories(self, final_lens: Mapping[Hashable, int] | None = None) -> Slots:
         """Each of the NB * BS slots as (category, owner), the way the manager's ``usage`` counts:
@@ -99,7 +100,7 @@ def read_pool(manager, *, copies: Iterable[tuple[int, int]] = ()) -> PoolView:
             owners.setdefault(b, []).append(t.seq_id)
             filled[b] = max(filled.get(b, 0), min(bs, t.seq_len - i * bs))
     cached_blocks = getattr(manager.allocator, "cached_blocks", None)  # prefix caching only
-    cached = set(cached_blocks().values()) if cached_blocks else set()
+    cached = frozenset(cached_blocks().values()) if cached_blocks else frozenset()
     copy_src = {dst: src for src, dst in copies}
     blocks = []
     for b in range(manager.num_blocks):
@@ -111,7 +112,7 @@ def read_pool(manager, *, copies: Iterable[tuple[int, int]] = ()) -> PoolView:
     swapped_views = tuple(TableView(s, tuple(manager.cpu_block_table(s)), manager.seq_len(s),
                                     tuple(manager.token_ids(s))) for s in manager.swapped_seq_ids)
     return PoolView(manager.num_blocks, bs, manager.num_free_blocks, tuple(blocks), tables,
-                    swapped_views, copies)
+                    swapped_views, copies, cached)
 
 
 @dataclass(frozen=True)
