@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from minipaged.kit.keys import decode_key, wait_key
 from minipaged.kit.quiz import drills_answer, drills_mechanics, drills_memory, drills_systems
 from minipaged.kit.quiz.context import VERDICTS, Answer, Context, Drill, nbytes, pct
+from minipaged.sim import table
 
 DRILLS: tuple[Drill, ...] = (drills_answer.DRILLS + drills_memory.DRILLS + drills_mechanics.DRILLS
                              + drills_systems.DRILLS)
@@ -65,10 +65,8 @@ def question_panel(i: int, total: int, d: Drill) -> Panel:
 def answer_renderable(a: Answer) -> Group:
     parts: list = [Text(a.text)]
     if a.figures:
-        t = Table(title="measured now" + (f" ({a.run})" if a.run else ""),
-                  title_justify="left", show_header=False)
-        t.add_column("figure")
-        t.add_column("value", justify="right")
+        t = table("measured now" + (f" ({a.run})" if a.run else ""), ("figure", "value"),
+                  left=("figure",), title_justify="left", show_header=False)
         for label, value in a.figures:
             t.add_row(label, value)
         parts.append(t)
