@@ -18,12 +18,13 @@ from rich.text import Text
 
 from minipaged.attention import dense_attention
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import BLOCK_SIZE, VOCAB, PagedKV
+from minipaged.kit.viz.scenes.common import VOCAB, PagedKV
 from minipaged.kit.viz.style import HEADING_STYLE, NOTE_STYLE
 from minipaged.paged.paged_attention import paged_attention
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 12
+BLOCK_SIZE = 4
 H, HKV, D = 2, 1, 4  # two query heads share one KV head (GQA)
 
 

@@ -17,7 +17,6 @@ from minipaged.kit.viz.scene import Event
 from minipaged.paged.cache_ops import copy_blocks, reshape_and_cache
 from minipaged.paged.paged_attention import gather_kv
 
-BLOCK_SIZE = 4  # every scene's: small blocks, so a few tokens fill one and cross to the next
 VOCAB = (
     "the", "a", "cat", "sat", "on", "mat", "and", "then", "dog", "ran", "to", "park", "it",
     "was", "warm", "day", "we", "saw", "two", "birds", "in", "tree", "they", "sang", "all",

@@ -26,12 +26,13 @@ from minipaged.contiguous.buddy import next_pow2
 from minipaged.contiguous.cache import ContiguousKVCache
 from minipaged.kit.viz.arena import slot_strip, strip_legend, waste_bars
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import BLOCK_SIZE, random_kv, random_requests
+from minipaged.kit.viz.scenes.common import random_kv, random_requests
 from minipaged.kit.viz.state import read_arena, read_pool
 from minipaged.serving.swap import KVCacheManager
 
 NUM_SLOTS = 128
 MAX_SEQ_LEN = 32
+BLOCK_SIZE = 4
 NUM_REQUESTS = 12
 STRIDE = 3  # steps between two frames
 KINDS = ("max", "pow2", "oracle", "paged")

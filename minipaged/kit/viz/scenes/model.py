@@ -26,11 +26,12 @@ from rich.text import Text
 from minipaged._install import TORCH_HINT
 from minipaged.kit.viz.blocks import memory_map
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import BLOCK_SIZE, blocks_text, ids_text
+from minipaged.kit.viz.scenes.common import blocks_text, ids_text
 from minipaged.kit.viz.state import PoolView, read_pool
 from minipaged.kit.viz.style import HEADING_STYLE, NOTE_STYLE
 
 NUM_BLOCKS = 24  # 3 rows of the memory map; both samples fit without preemption
+BLOCK_SIZE = 4   # small blocks: a countdown crosses a block boundary every 4 characters
 N_SAMPLES = 2
 TEMPERATURE = 1.0
 MAX_TOKENS = 24  # enough for "count down from 9:" -> " 9 8 7 6 5 4 3 2 1 0." and <eos>

@@ -15,17 +15,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import (
-    BLOCK_SIZE,
-    VOCAB,
-    blocks_text,
-    ids_text,
-    random_requests,
-    words,
-)
+from minipaged.kit.viz.scenes.common import VOCAB, blocks_text, ids_text, random_requests, words
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 16
+BLOCK_SIZE = 4
 
 
 class PagingScene(Scene):

@@ -19,12 +19,13 @@ import numpy as np
 from minipaged._checks import cdiv
 from minipaged.kit.viz.blocks import cpu_pool
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import BLOCK_SIZE, VOCAB, PagedKV, blocks_text, random_tokens
+from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens
 from minipaged.kit.viz.state import read_pool
 from minipaged.serving.swap import CPUBlockPool, KVCacheManager
 
 NUM_BLOCKS = 10
 NUM_CPU_BLOCKS = 8
+BLOCK_SIZE = 4
 MAX_FRAMES = 24
 
 

@@ -18,17 +18,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import (
-    BLOCK_SIZE,
-    VOCAB,
-    PagedKV,
-    blocks_text,
-    random_tokens,
-    words,
-)
+from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
 from minipaged.serving.swap import KVCacheManager
 
 NUM_BLOCKS = 12
+BLOCK_SIZE = 4
 
 
 class PrefixScene(Scene):

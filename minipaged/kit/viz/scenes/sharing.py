@@ -20,18 +20,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from minipaged.kit.viz.scene import Event, Frame, Scene
-from minipaged.kit.viz.scenes.common import (
-    BLOCK_SIZE,
-    VOCAB,
-    PagedKV,
-    blocks_text,
-    random_tokens,
-    words,
-)
+from minipaged.kit.viz.scenes.common import VOCAB, PagedKV, blocks_text, random_tokens, words
 from minipaged.serving.swap import KVCacheManager
 from minipaged.sharing.sampling import BeamSearch, Candidate
 
 NUM_BLOCKS = 16
+BLOCK_SIZE = 4
 
 
 class _SharingScene(Scene):
