@@ -76,7 +76,7 @@ def _check_tp(m: memory.ModelSpec, tp: int) -> None:
 
 
 def kv_calc(args) -> int:
-    from minipaged.kit.quiz import nbytes
+    from minipaged.sim import nbytes
 
     if args.kv_dtype is not None and args.dtype_bytes is not None:
         raise ValueError("--kv-dtype and --dtype-bytes both set the bytes per element: give one")

@@ -52,7 +52,7 @@ def add_train(sub) -> None:
 
 
 def train(args) -> int:
-    from minipaged.kit.quiz import nbytes
+    from minipaged.sim import nbytes
 
     need_torch()
     training.check_warmup(args.warmup, args.steps, names=("--warmup", "--steps"))
