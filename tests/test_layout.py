@@ -7,7 +7,8 @@ Checks, against the one map in ``minipaged/__init__.py`` (``READING_ORDER``):
   * every core module's docstring says ``Read next: ``<the next module>``, so the links form one
     path through the core;
   * the package docstring and the README's course map list the core modules in that order;
-  * no core file is over 300 lines, and the core path does not grow (its budget is 2,700).
+  * no core file is over 300 lines, and the core path does not grow (its budget is 2,700);
+  * no package, lesson, exercise or test file is over 300 lines.
 """
 
 from __future__ import annotations
@@ -149,3 +150,13 @@ def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
     lines = {str(p.relative_to(PKG)): len(p.read_text().splitlines()) for p in sources}
     too_long = {rel: n for rel, n in lines.items() if n > 300}
     assert not too_long, f"package files over 300 lines: {too_long}"
+
+
+def test_no_lesson_exercise_or_test_file_is_over_300_lines():
+    # The same rule for what a learner reads beside the package: lessons, exercises (and their
+    # solutions) and the tests, which are split by topic too. Snapshots are data, not read.
+    sources = [*(ROOT / "lessons").glob("*.py"), *(ROOT / "exercises").rglob("*.py"),
+               *(ROOT / "tests").rglob("*.py")]
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in sources}
+    too_long = {rel: n for rel, n in lines.items() if n > 300}
+    assert not too_long, f"files over 300 lines: {too_long}"

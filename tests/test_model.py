@@ -203,7 +203,7 @@ def test_training_refuses_more_held_out_prompts_than_there_are(tmp_path):
 @pytest.mark.requires("torch")
 def test_training_refuses_a_warmup_longer_than_the_run(tmp_path):
     """The Python API refuses it, before any step, by the rule the command line uses (whose
-    message names --warmup and --steps: tests/test_cli_errors.py)."""
+    message names --warmup and --steps: tests/test_cli_model_errors.py)."""
     from minipaged.model.train import TrainSettings, train
 
     lines = []

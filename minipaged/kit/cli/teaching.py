@@ -89,7 +89,7 @@ and a hint. Exits 0 when every case passes, 1 otherwise, 2 when the argument nam
 
 
 # The longest --timeout: kit.grader.core.MAX_TIMEOUT_S, which the parser cannot import without
-# loading every exercise (tests/test_cli_errors.py checks that the two agree).
+# loading every exercise (tests/test_cli_teaching_errors.py checks that the two agree).
 MAX_TIMEOUT_S = 86400
 
 
