@@ -8,10 +8,10 @@ Decode attention for S sequences of equal context length, on the same numbers:
     gather     paged_attention(method="gather"): fetch each sequence's blocks, then the same
                dense kernel; the extra cost is one copy of K/V, a few KV heads at a time;
     online     paged_attention(method="online"): walk the block table one block of BS keys
-               at a time, as the GPU kernels do, with the online softmax (minipaged's CUDA
-               version 0 does the same; vLLM's kernel and versions 1-4 keep the logits in
-               shared memory); in NumPy each block costs a handful of small calls, so expect it
-               to be slower here.
+               at a time, as the GPU kernels do, and merge the blocks with the online softmax
+               (as minipaged's CUDA version 0 does; vLLM's kernel and versions 1-4 keep the
+               logits in shared memory instead); in NumPy each block costs a handful of small
+               calls, so expect it to be slower here.
 
 The paper measures its GPU kernel at 20-26% above FasterTransformer's contiguous one (section
 7.1, Fig. 18a); a GPU kernel reads each block where it lies, while NumPy's gather copies it
