@@ -12,7 +12,8 @@ so far:
     o  sum of exp(logit - m) * v / l         (the output so far, already normalised)
 
 vLLM's paged kernel, and minipaged's CUDA versions 1-4, keep every logit in shared memory
-instead, and need this merge only to combine the v2 kernel's partitions. Two partial results
+instead, and need this merge only to combine partitions (vLLM's v2 kernel, minipaged's v2 and
+v4). Two partial results
 (m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens combine exactly like this
 (FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
 csrc/attention/attention_kernels.cuh, paged_attention_v2_reduce_kernel):
