@@ -13,9 +13,8 @@ so far:
 
 vLLM's paged kernel, and minipaged's CUDA versions 1-4, keep every logit in shared memory
 instead, and need this merge only to combine partitions (vLLM's v2 kernel, minipaged's v2 and
-v4). Two partial results
-(m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens combine exactly like this
-(FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
+v4). Two partial results (m_a, l_a, o_a) and (m_b, l_b, o_b) over disjoint sets of tokens
+combine exactly like this (FlashAttention; vLLM's v2 kernel reduces its partitions the same way,
 csrc/attention/attention_kernels.cuh, paged_attention_v2_reduce_kernel):
 
     m   = max(m_a, m_b)
