@@ -77,9 +77,13 @@ CASES: list[tuple[str, str]] = [
     ("simulate --policy nope", "argument --policy: invalid choice: 'nope'"),
     ("simulate --sharing nope", "argument --sharing: invalid choice: 'nope'"),
     ("simulate --preemption nope", "argument --preemption: invalid choice: 'nope'"),
-    ("simulate --policy orca-max --n 2", "policy='orca-max' cannot share memory"),
-    ("simulate --policy orca-max --prefix-caching", "would ignore enable_prefix_caching=True"),
-    ("simulate --policy orca-oracle --block-size 32", "would ignore block_size=32"),
+    ("simulate --policy orca-max --n 2", "--policy=orca-max cannot share memory between "
+                                         "sequences: --n and --beam-width need --policy=paged"),
+    ("simulate --policy orca-max --prefix-caching", "--policy=orca-max reserves one contiguous "
+                                                   "region per request and would ignore "
+                                                   "--prefix-caching"),
+    ("simulate --policy orca-oracle --block-size 32", "would ignore --block-size=32"),
+    ("simulate --policy orca-pow2 --preemption swap", "would ignore --preemption=swap"),
     ("simulate --workload {missing}", "does not exist; expected an existing file (or one of "
                                       "alpaca, sharegpt)"),
     ("simulate --workload {dir}", "is a directory; expected a file"),

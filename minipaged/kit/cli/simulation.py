@@ -107,6 +107,21 @@ def _check_flags(args) -> None:
     """Flags that contradict each other, refused in their own words before any work."""
     if args.policy == "paged":
         check_sim_blocks(args.model, args.kv_cache_gb, args.block_size)
+    else:  # SimConfig refuses the same, in its parameters' names
+        from minipaged.sim.simulator import SimConfig
+
+        if args.n > 1 or args.beam_width > 1:
+            raise ValueError(f"--policy={args.policy} cannot share memory between sequences: "
+                             "--n and --beam-width need --policy=paged")
+        ignored = [flag for flag, given in (
+            ("--prefix-caching", args.prefix_caching),
+            ("--preemption=swap", args.preemption == "swap"),
+            (f"--block-size={args.block_size}", args.block_size != SimConfig.block_size))
+            if given]
+        if ignored:
+            raise ValueError(f"--policy={args.policy} reserves one contiguous region per "
+                             f"request and would ignore {', '.join(ignored)}: only "
+                             f"--policy=paged uses {'it' if len(ignored) == 1 else 'them'}")
     if args.sharing == "prefix" and args.n == 1:
         raise ValueError("--sharing=prefix is how the --n samples of a request share its "
                          "prompt, and --n is 1 (beam search forks its beams); expected --n 2 "
