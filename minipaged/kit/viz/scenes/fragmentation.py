@@ -212,7 +212,7 @@ class FragmentationScene(Scene):
                      Text(""), *lines)
         caption = ("The whole run, averaged: the paper measured 20.4-38.2% of the cache holding "
                    "tokens for the Orca policies and about 96% for vLLM (OPT-13B, ShareGPT; "
-                   "section 3, Fig. 2).")
+                   "section 1, Fig. 2).")
         events = [Event("check", "every figure above is summed from each cache's own usage() "
                                  "at every step")]
         return self.frame(caption, body, events, **self.views())
