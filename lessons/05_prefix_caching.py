@@ -14,9 +14,10 @@
 # actually needed (vllm/v1/core/block_pool.py). Which system checks what on a hit:
 #
 # - vLLM looks a hit up by hash alone (block_pool.py, get_cached_block) and relies on a strong
-#   hash: SHA-256 by default since v0.10.2; vLLM 0.32 offers sha256, sha256_cbor and the faster,
-#   non-cryptographic xxhash and xxhash_cbor (vllm/config/cache.py, prefix_caching_hash_algo);
-#   earlier releases defaulted to Python's built-in hash.
+#   hash: SHA-256 by default since v0.10.2 (docs/design/prefix_caching.md); vLLM 0.32 offers
+#   sha256, sha256_cbor and the faster, non-cryptographic xxhash and xxhash_cbor
+#   (vllm/config/cache.py, prefix_caching_hash_algo); earlier releases defaulted to Python's
+#   built-in hash.
 # - nano-vllm also compares the cached block's token ids (nanovllm/engine/block_manager.py).
 # - minipaged compares the token ids too (sharing/prefix_cache.py, lookup), so a weak or
 #   colliding `hash_fn` costs a hit instead of serving K/V computed for other tokens.
