@@ -193,6 +193,16 @@ def test_wait_key_reads_a_line_where_stdin_is_no_terminal(monkeypatch, capsys):
     assert capsys.readouterr().out == "press a key \n" * 2
 
 
+def test_wait_key_reads_a_line_from_a_pipe():
+    """A real file descriptor that is no terminal (a pipe): termios would refuse it with its own
+    error, which the line fallback did not catch."""
+    code = "from minipaged.kit.keys import wait_key; print(repr(wait_key('key? ')))"
+    out = subprocess.run([sys.executable, "-c", code], input="b\n", capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == "key? \n'b'\n"
+
+
 def test_cli_answers_worksheet_and_errors():
     out = _cli("--answers", "--num-requests", "25")
     assert out.returncode == 0, out.stderr[-2000:]

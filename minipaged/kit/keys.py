@@ -38,6 +38,8 @@ def key_reader() -> Iterator[Callable[[float | None], str | None]]:
     import tty
 
     fd = sys.stdin.fileno()
+    if not os.isatty(fd):  # a pipe or a file: termios would raise its own error, not OSError
+        raise OSError(f"stdin (fd {fd}) is not a terminal")
     saved = termios.tcgetattr(fd)
     tty.setcbreak(fd)
 
