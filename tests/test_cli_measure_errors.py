@@ -22,6 +22,12 @@ CASES: list[tuple[str, str]] = [
     ("bench allocator --num-blocks 1", "does not fit in an empty cache; expected a larger "
                                        "--num-blocks"),
     ("bench attention --heads 6 --kv-heads 4", "--heads=6 must be a multiple of --kv-heads=4"),
+    # a value the user did not type says where it came from
+    ("bench attention --heads 3 --quick", "--heads=3 must be a multiple of --kv-heads=2 "
+                                          "(--quick's default)"),
+    ("bench kernel --heads 3", "--heads=3 must be a multiple of --kv-heads=8 (the default)"),
+    ("bench generate --write-random-model {dir}/m --max-new 5",
+     "--min-new=16 (the default) is above --max-new=5"),
     ("bench attention --contexts 0", "--contexts=0 must be >= 1"),
     ("bench attention --seqs 100000 --contexts 1000000", "would need about"),
     ("bench attention --block-size 100000 --contexts 8", "(in blocks of --block-size=100000) "

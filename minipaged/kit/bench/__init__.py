@@ -24,11 +24,22 @@ def fill_unset(args, defaults: dict, quick: dict) -> None:
     """Give each option the command line left unset (None) its default: ``quick``'s under
     --quick where it has one, else ``defaults``'. A value the user typed is kept (the parser
     has checked it, and the runner checks it against the others), so --quick never replaces
-    what was asked for."""
+    what was asked for. ``args.filled`` records where each filled value came from, for
+    ``flag_value``."""
+    args.filled = {}
     for name, value in defaults.items():
         if getattr(args, name) is None:
-            quick_run = getattr(args, "quick", False)       # bench generate has no --quick
-            setattr(args, name, quick.get(name, value) if quick_run else value)
+            quick_run = getattr(args, "quick", False) and name in quick  # bench generate: none
+            setattr(args, name, quick[name] if quick_run else value)
+            args.filled[name] = "--quick's default" if quick_run else "the default"
+
+
+def flag_value(args, name: str) -> str:
+    """``--name=value`` as a message names it; a value the user did not type says where it came
+    from (``--kv-heads=2 (--quick's default)``), so the message never blames a flag unasked."""
+    text = f"--{name.replace('_', '-')}={getattr(args, name)}"
+    origin = getattr(args, "filled", {}).get(name)
+    return f"{text} ({origin})" if origin else text
 
 
 def medians(candidates: dict[str, Callable[[], object]], *, repeats: int) -> dict[str, float]:

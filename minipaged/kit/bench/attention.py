@@ -29,7 +29,7 @@ from rich.console import Console
 
 from minipaged._checks import cdiv
 from minipaged.attention import plain_softmax
-from minipaged.kit.bench import decode_case, fill_unset, medians
+from minipaged.kit.bench import decode_case, fill_unset, flag_value, medians
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import GATHER_CHUNK_BYTES, paged_attention
 
@@ -81,7 +81,8 @@ def run(args) -> int:
     fill_unset(args, DEFAULTS, QUICK)
     S, H, Hkv, D, BS = args.seqs, args.heads, args.kv_heads, args.head_size, args.block_size
     if H % Hkv:
-        raise ValueError(f"--heads={H} must be a multiple of --kv-heads={Hkv} (H % Hkv == 0)")
+        raise ValueError(f"{flag_value(args, 'heads')} must be a multiple of "
+                         f"{flag_value(args, 'kv_heads')}")
     dtype = np.dtype(args.dtype)
     tk = max(args.contexts)
     # the paged caches, their contiguous copy and the chunked gather: about 3x one K/V pool

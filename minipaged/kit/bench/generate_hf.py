@@ -31,7 +31,7 @@ import numpy as np
 from rich.console import Console
 
 from minipaged._install import HF_EXTRA
-from minipaged.kit.bench import fill_unset
+from minipaged.kit.bench import fill_unset, flag_value
 from minipaged.kit.cli.common import need_torch, table
 from minipaged.model.sampling import SamplingParams
 
@@ -134,8 +134,9 @@ def run(args) -> int:
     for name in ("prompt", "new"):
         low, high = getattr(args, f"min_{name}"), getattr(args, f"max_{name}")
         if low > high:
-            raise ValueError(f"--min-{name}={low} is above --max-{name}={high}; expected "
-                             f"--min-{name} <= --max-{name}")
+            raise ValueError(f"{flag_value(args, f'min_{name}')} is above "
+                             f"{flag_value(args, f'max_{name}')}; expected --min-{name} <= "
+                             f"--max-{name}")
     need_torch()
     try:
         import torch

@@ -36,7 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from minipaged.kit.bench import decode_case, fill_unset, median_time
+from minipaged.kit.bench import decode_case, fill_unset, flag_value, median_time
 from minipaged.kit.cli.common import refuse_if_too_big, table
 from minipaged.paged.paged_attention import paged_attention as oracle
 
@@ -74,7 +74,8 @@ def run(args) -> int:
     s, contexts, repeats = args.seqs, args.contexts, args.repeats
     H, Hkv, D, BS = args.heads, args.kv_heads, args.head_size, args.block_size
     if H % Hkv:  # bad input is refused first, with or without a GPU
-        raise ValueError(f"--heads={H} must be a multiple of --kv-heads={Hkv}")
+        raise ValueError(f"{flag_value(args, 'heads')} must be a multiple of "
+                         f"{flag_value(args, 'kv_heads')}")
     itemsize = np.dtype(args.dtype).itemsize
     if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
         refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads={Hkv}",
