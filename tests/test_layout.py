@@ -139,8 +139,10 @@ def test_core_budgets():
     # 3,109 for cache_ops.check_scatter, reshape_and_cache's checks as one function that the CUDA
     # launcher runs too (it had its own copy, in other words), and a non-array key refused as
     # check_caches refuses a non-array cache; 3,113 for block_manager.pad_tables, the padding of
-    # BlockManager.block_tables that the model's runner wrote again (7 lines leave runner.py).
-    assert sum(lines.values()) <= 3113, f"core path is {sum(lines.values())} lines (> 3,113)"
+    # BlockManager.block_tables that the model's runner wrote again (7 lines leave runner.py);
+    # 3,086 when checks made twice on one call path were made once (allocate_many says what the
+    # blocks are for), unused members went and timing history left the docstrings.
+    assert sum(lines.values()) <= 3086, f"core path is {sum(lines.values())} lines (> 3,086)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():

@@ -33,8 +33,7 @@ every free slot is external fragmentation, which is how the paper's "external fr
 others" bar fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused
 tail back, so the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps
 the power-of-two rounding (H = next_pow2(R)). ``usage()`` recounts the live requests on every
-call, O(requests + log num_slots): running totals measured no faster in the experiments that
-sample it. ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
+call. ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from minipaged._checks import check_bool, check_dtype, check_int, check_seq_id
+from minipaged._checks import check_bool, check_choice, check_dtype, check_int, check_seq_id
 from minipaged.contiguous.buddy import BuddyAllocator, OutOfMemoryError, next_pow2
 from minipaged.contiguous.usage import KVUsage
 
@@ -71,8 +70,7 @@ class ContiguousKVCache:
     def __init__(self, num_slots: int, num_kv_heads: int, head_size: int, *,
                  policy: str = "max", max_seq_len: int = 2048, dtype: object = np.float32,
                  exact_fit: bool = True, store_kv: bool = True) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r} is not one of {POLICIES}")
+        check_choice("policy", policy, POLICIES)
         self.allocator = BuddyAllocator(num_slots)
         self.num_slots = self.allocator.num_slots
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, low=1)
@@ -127,10 +125,7 @@ class ContiguousKVCache:
 
     # ---- tokens -------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> Reservation:
-        try:
-            r = self._seqs.get(seq_id)
-        except TypeError:  # unhashable: say which argument
-            raise TypeError(f"seq_id={seq_id!r:.60} must be hashable") from None
+        r = self._seqs.get(check_seq_id("seq_id", seq_id))
         if r is None:
             live = list(self._seqs)[:8]
             raise ValueError(f"unknown seq_id={seq_id!r}: no live reservation (live: {live})")
@@ -204,9 +199,6 @@ class ContiguousKVCache:
     @property
     def num_free(self) -> int:
         return self.allocator.num_free
-
-    def largest_free(self) -> int:
-        return self.allocator.largest_free()
 
     def _usable(self, need: int | None) -> int:
         """Free slots in buddy blocks >= next_pow2(need)."""

@@ -51,5 +51,5 @@ class KVUsage:
         return asdict(self)
 
     def __add__(self, other: KVUsage) -> KVUsage:
-        # A simulator sums snapshots for a time average in which every snapshot weighs the same.
+        # Lesson 02 and the fragmentation scene sum snapshots: an average, each weighing the same.
         return KVUsage(**{f: getattr(self, f) + getattr(other, f) for f in ("total", *CATEGORIES)})

@@ -47,11 +47,8 @@ class BlockAllocator:
 
     def _check_blocks(self, blocks: Iterable[object]) -> list[int]:
         # The ids as a list of ints in [0, NB); an error names the first bad one.
-        ids = list(blocks)
-        if all(type(b) is int and 0 <= b < self.num_blocks for b in ids):
-            return ids
         return [check_int(f"blocks[{i}]", b, low=0, high=self.num_blocks)
-                for i, b in enumerate(ids)]
+                for i, b in enumerate(blocks)]
 
     def allocate(self) -> int:
         """A free block with reference count 1. OutOfBlocksError (nothing changed) if none."""
@@ -61,11 +58,11 @@ class BlockAllocator:
         self._ref[block] = 1
         return block
 
-    def allocate_many(self, n: int) -> list[int]:
-        """``n`` blocks, all or nothing."""
+    def allocate_many(self, n: int, what: str = "") -> list[int]:
+        """``n`` blocks, all or nothing; ``what`` says what for, in the error."""
         n = check_int("n", n, low=0)
         if n > self.num_free_blocks:
-            raise OutOfBlocksError(n, self.num_free_blocks)
+            raise OutOfBlocksError(n, self.num_free_blocks, what)
         return [self.allocate() for _ in range(n)]
 
     def incref(self, block: int) -> None:

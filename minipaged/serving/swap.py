@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from minipaged._checks import SIZE_LIMIT, OutOfBlocksError, check_dtype, check_int, check_seq_id
+from minipaged._checks import SIZE_LIMIT, check_dtype, check_int, check_seq_id
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.cache_ops import swap_blocks
 from minipaged.sharing.prefix_cache import HashFn, PrefixCachingBlockManager
@@ -111,7 +111,7 @@ class KVCacheManager(PrefixCachingBlockManager):
             self._tables[s] = table
             del self._swapped[s]
             self.cpu_allocator.free_many(cpu_table)
-            self._cache_full_blocks(s)  # prefix caching: findable by their hashes again
+            self.cache_blocks(s, 0)  # prefix caching: findable by their hashes again
         return mapping
 
     def preempt_by_recompute(self, seq_ids: Iterable[Hashable]) -> dict[Hashable, list[int]]:
@@ -137,9 +137,7 @@ def _copy_tables(tables: list[list[int]], allocator: BlockAllocator,
     """One new block from ``allocator`` per distinct block of the tables (a block shared inside
     the group moves once), all or nothing: the (old, new) pairs and the tables rewritten."""
     old = list(dict.fromkeys(b for table in tables for b in table))  # distinct, in order
-    if len(old) > allocator.num_free_blocks:
-        raise OutOfBlocksError(len(old), allocator.num_free_blocks, what)
-    mapping = dict(zip(old, allocator.allocate_many(len(old))))
+    mapping = dict(zip(old, allocator.allocate_many(len(old), what)))
     new = [[mapping[b] for b in table] for table in tables]
     # A new block has count 1, for its first entry; every further entry is one more user.
     entries = Counter(b for table in new for b in table)

@@ -71,8 +71,8 @@ class CowBlockManager(BlockManager):
         pairs = self.pending_copies
         self._copies.clear()
         self._reads.clear()
-        for src, _ in pairs:
-            self.allocator.release_blocks([src])  # handed over: the copy no longer holds its source
+        # Handed over: a copy no longer holds its source.
+        self.allocator.release_blocks([src for src, _ in pairs])
         return pairs
 
     def _release(self, table: list[int]) -> None:

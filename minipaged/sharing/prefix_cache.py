@@ -245,10 +245,12 @@ class PrefixCachingBlockManager(CowBlockManager):
         full blocks among them become findable by hash."""
         if not self.enable_prefix_caching:
             return
-        n = check_int("num_computed_tokens", num_computed_tokens, low=0,
-                      high=self.seq_len(seq_id) + 1) // self.block_size
-        self._computed[seq_id] = max(self._computed[seq_id], n)
-        self._cache_full_blocks(seq_id)
+        bs, tokens = self.block_size, self._token_list(seq_id)
+        n = check_int("num_computed_tokens", num_computed_tokens, low=0, high=len(tokens) + 1) // bs
+        n = self._computed[seq_id] = max(self._computed[seq_id], n)
+        for i, (block, h) in enumerate(zip(self._tables[seq_id][:n], self._hashes[seq_id])):
+            if self.allocator.block_hash(block) is None:  # a full block not yet cached
+                self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
 
     def rollback(self, seq_id: SeqId, n: int) -> None:
         super().rollback(seq_id, n)
@@ -266,12 +268,3 @@ class PrefixCachingBlockManager(CowBlockManager):
         super().free(seq_id)
         self._hashes.pop(seq_id, None)
         self._computed.pop(seq_id, None)
-
-    def _cache_full_blocks(self, seq_id: SeqId) -> None:
-        """Cache every computed full block of the table that has no hash yet."""
-        if not self.enable_prefix_caching:
-            return
-        bs, tokens, n = self.block_size, self._tokens[seq_id], self._computed[seq_id]
-        for i, (block, h) in enumerate(zip(self._tables[seq_id][:n], self._hashes[seq_id])):
-            if self.allocator.block_hash(block) is None:
-                self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
