@@ -178,7 +178,8 @@ PAPER = {"max": (20.4, 13.3, 57.3, 8.9), "pow2": (26.8, 17.9, 13.6, 41.6),
 results = {p: run(p) for p in ("max", "pow2", "oracle")}
 results["oracle+round"] = run("oracle", exact_fit=False)
 
-table = Table(title="Where the KV slots go while requests wait (% of the arena; paper in brackets)",
+table = Table(title="Where the KV slots go while requests wait (% of the arena; paper, read off "
+              "Fig. 2, in brackets)",
               title_justify="left")
 for col in ("policy", "token", "reserved", "internal frag.", "external frag.", "free", "steps",
             "avg batch"):
@@ -213,21 +214,23 @@ console.print(f"{'paper vLLM':>12} |{GLYPH['token'] * round(0.963 * 60):<60}| ~9
 
 # %% [markdown]
 # ## Reading the numbers
-# The ordering is the paper's: `max` holds the fewest tokens and wastes most of its memory
-# inside its own regions; `pow2` cuts that internal fragmentation by more than half; `oracle`
-# holds the most tokens and wastes nothing inside its regions, but leaves the largest share in
-# holes between them. Fewer wasted slots means more requests in the batch ("avg batch") and fewer
-# steps for the same work. The row "oracle+round" keeps the buddy allocator's power-of-two
-# rounding for `oracle`: each region then holds next_pow2(F) slots, and the slack (printed
-# apart) is internal fragmentation. Rounding the whole length that way is not the paper's Pow2,
-# which rounds only the output and adds it to the prompt (section 6.1). The paper's Oracle has
-# no internal fragmentation, which rounded regions cannot have, so `contiguous/cache.py` gives
+# The ordering of the token shares is the paper's: `max` holds the fewest tokens and wastes most of
+# its memory inside its own regions; `pow2` cuts that internal fragmentation by more than half;
+# `oracle` holds the most tokens and wastes nothing inside its regions. In this small run `oracle`
+# also leaves the largest share in holes between regions; in the paper's Fig. 2 `pow2` does (about
+# 42% against 37%, read off the figure). Fewer wasted slots means more requests in the batch ("avg
+# batch") and fewer steps for the same work. The row "oracle+round" keeps the buddy allocator's
+# power-of-two rounding for `oracle`: each region then holds next_pow2(F) slots, and the slack
+# (printed apart) is internal fragmentation. Rounding the whole length that way is not the paper's
+# Pow2, which rounds only the output and adds it to the prompt (section 6.1). The paper's Oracle
+# has no internal fragmentation, which rounded regions cannot have, so `contiguous/cache.py` gives
 # each buddy block's unused tail back by default (`exact_fit=True`), for every policy.
 #
-# Why these figures are not the paper's: this is a small static workload (every request waiting
-# at step 0, in an 8x smaller cache, synthetic lengths, one token per step, no clock), while the
-# paper measured OPT-13B serving ShareGPT requests that arrive over time on a real GPU, and its
-# last bar lumps external fragmentation together with "others". The shares move with the length
-# distribution and the arena size; only the ordering and the rough sizes should carry over. The
-# simulator (`minipaged simulate --policy orca-max`, lesson 06) measures them in the paper's
-# setting. Lesson 03 removes the need for contiguity altogether: paging.
+# Why these figures are not the paper's: this is a small static workload (every request waiting at
+# step 0, in an 8x smaller cache, synthetic lengths, one token per step, no clock), while the paper
+# measured OPT-13B serving ShareGPT requests that arrive over time on a real GPU, and its last bar
+# lumps external fragmentation together with "others". The shares move with the length distribution
+# and the arena size; only the ordering and the rough sizes should carry over. The simulator
+# (`minipaged simulate --policy orca-max`, lesson 06) measures them at the paper's scale (OPT-13B,
+# 12 GiB of KV cache, ShareGPT-like lengths), though in experiment 1 every request arrives at once
+# rather than over time. Lesson 03 removes the need for contiguity altogether: paging.

@@ -49,8 +49,9 @@ console.print(t)
 #
 # One int32 entry per logical block: ceil(context / BS) x 4 bytes per request. That is tiny
 # next to the K/V it points at (8 KiB of table for 25 GiB of OPT-13B K/V at 32K tokens).
-# The interview answer claims "about 0.5 GB per 1000 requests at 32K tokens" and "64 KB per request
-# at 128K": the arithmetic says otherwise (lesson 10 checks every such claim). Exercise 12
+# The interview answer claims "about 0.5 GB per 1000 requests at 32K tokens", where 1000 such
+# tables take 8 MiB, and "64 KB per request at 128K", which holds only for 8-byte entries: with
+# int32 entries, as vLLM's are, it is 32 KiB (lesson 10 checks every such claim). Exercise 12
 # converts this flat, padded table to FlashInfer's CSR page table (`kv_indptr`, `kv_indices`,
 # `kv_last_page_len`) and back; exercise 13 measures a two-level table against it.
 
@@ -68,11 +69,11 @@ console.print(t)
 # %% [markdown]
 # ## Waste per sequence: at most one partly filled block
 #
-# The interview answer's follow-up 2 example: a request of 33 tokens. With blocks of 32 it
-# takes two blocks (64 slots) and wastes 31, 48% of what it holds; with blocks of 16 it takes
-# three (48 slots) and wastes 15, 31%. The answer's "94%" is the same 31 slots divided by the
-# 33 tokens held instead of the 64 slots allocated: two denominators for one waste, not a
-# rise. The manager's own `usage()` says so:
+# The interview answer's follow-up 2 example: a request of 33 tokens. With blocks of 32 it takes
+# two blocks (64 slots) and wastes 31, 48% of its 64 slots; with blocks of 16 it takes three (48
+# slots) and wastes 15, 31%. The answer's "94%" is the same 31 slots divided by the 33 tokens
+# instead of the 64 slots: two denominators for one waste, not a rise. The manager's own `usage()`
+# says so:
 
 # %%
 for bs in (8, 16, 32, 64):
@@ -145,7 +146,7 @@ assert sweep["alpaca"]["best_block_size"] in (16, 32)       # the paper's Alpaca
 # %%
 share = ctx.sharing()
 t = Table(title=f"Experiment 2 (Fig. 15): memory saved by sharing, Alpaca, {ctx.label}; paper "
-                "in brackets", title_justify="left")
+                "in brackets, read off Fig. 15", title_justify="left")
 t.add_column("kind")
 for k in (2, 4, 6):
     t.add_column(str(k), justify="right")

@@ -93,8 +93,9 @@ for cid in ("block-table-32k", "block-table-128k", "block-32-example"):
 # Contiguous reservations leave only 20-38% of KV memory holding tokens (paper, Fig. 2);
 # paging allocates blocks (16 tokens by default) on demand through a per-request block table,
 # wasting less than one block per sequence (about 96% holds tokens, Fig. 2), which lets the
-# scheduler batch 2.2-4.3x more requests (Fig. 13) and serve 2-4x the request rate at the
-# same latency (section 6.2). Blocks can be shared by reference count with copy-on-write
+# scheduler batch 2.2x more requests than Orca (Oracle) and 4.3x more than Orca (Max) on
+# ShareGPT (Fig. 13) and serve 2-4x the request rate of FasterTransformer and Orca at the same
+# latency (the paper's abstract). Blocks can be shared by reference count with copy-on-write
 # (parallel sampling saves ~6-10%, beam search ~38-55%, Fig. 15), with no cap on the count.
 # When blocks run out, vLLM preempts whole requests, newest first, by swapping or
 # recomputation (section 4.5; the v1 engine only recomputes, vllm/v1/core/sched/scheduler.py),

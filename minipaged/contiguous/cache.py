@@ -27,13 +27,13 @@ final length F, a reservation of R slots and H slots held by the allocator:
                              a region of ``need`` slots must be cut from (default max_seq_len)
     free                     the other free slots
 
-"Free but not allocatable" only means something for a region of a given size, so a scheduler
-passes its next waiting request's ``reservation_size`` as ``need``; when that one does not fit,
-every free slot is external fragmentation, which is how the paper's "external fragmentation &
-others" bar fills up (Fig. 2). ``exact_fit=True`` (the default) gives each buddy block's unused
-tail back, so the policies differ only in what they reserve (H = R); ``exact_fit=False`` keeps
-the power-of-two rounding (H = next_pow2(R)). ``usage()`` recounts the live requests on every
-call. ``store_kv=False`` keeps only the accounting (``advance`` instead of ``write``).
+"Free but not allocatable" only means something for a region of a given size, so a scheduler passes
+its next waiting request's ``reservation_size`` as ``need``; when that one does not fit, every free
+slot is external fragmentation: minipaged's reading of the paper's "external fragmentation &
+others" bar (Fig. 2), whose accounting is not published. ``exact_fit=True`` (the default) gives
+each buddy block's unused tail back, so the policies differ only in what they reserve (H = R);
+``exact_fit=False`` keeps the power-of-two rounding (H = next_pow2(R)). ``store_kv=False`` keeps
+only the accounting (``advance``, not ``write``).
 """
 
 from __future__ import annotations

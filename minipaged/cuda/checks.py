@@ -35,7 +35,7 @@ SMEM_LIMIT_SM90 = 227 * 1024    # the most shared memory one block may opt in to
 #                                 (CUDA C++ Programming Guide, compute capabilities table);
 #                                 the CPU harness enforces it too, so what runs here launches
 #                                 on an H100/H200
-# vLLM's rule for v1 or v2 (vllm/attention/ops/paged_attn.py, PagedAttention.forward_decode):
+# vLLM's rule for v1 or v2 (v0 releases, vllm/attention/ops/paged_attn.py, forward_decode):
 # v1 when max_seq_len <= 8192 and (one partition, or num_seqs * num_heads > 512)
 SINGLE_PASS_MAX_LEN = 8192
 SINGLE_PASS_MIN_BLOCKS = 512

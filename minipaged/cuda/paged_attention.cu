@@ -33,7 +33,7 @@
 //   v4  v3 per partition, plus v2's reduce: expected to be the fastest under GQA.
 // v1..v4 are one kernel template: GROUP = 1 is vLLM's one block per query head, GROUP = 8 the
 // grouped one. Which runs (checks.choose_version): v3/v4 whenever H > Hkv, else v1/v2; single
-// pass or partitioned by vLLM's rule (vllm/attention/ops/paged_attn.py): single when
+// pass or partitioned by vLLM's rule (v0 releases, vllm/attention/ops/paged_attn.py): single when
 // max_seq_len <= 8192 and (one partition, or more than 512 thread blocks). A caller may force
 // any version.
 //

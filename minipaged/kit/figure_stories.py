@@ -129,7 +129,8 @@ def _prefix(colors) -> dict[str, Drawing]:
     hits = m.allocate("R2", system + _tokens(4, 30))
     hits_fig = draw(read_state(m), colors(m.seq_ids), [
         f"Prefix caching, as in vLLM v1: both requests start with the same 8-token system prompt. "
-        f"Each full block is cached under a hash of its tokens and its parent's hash, so R2 "
+        f"Each full block is cached under a hash of its parent's hash and its tokens (vLLM adds "
+        f"extra keys; minipaged has none), so R2 "
         f"finds R1's {blocks_text(m.block_table('R2')[:hits // BS])}: {hits} of its 12 prompt "
         f"tokens are hits, and only the rest is computed."],
         "prefix caching: hits")

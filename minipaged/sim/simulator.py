@@ -15,7 +15,8 @@ What is measured (``SimResult``; ``--json`` writes it):
                         (auto: num_requests // 8, at least 16: a snapshot costs a pass over
                         the block tables), each weighted by the simulated time since the last
     kv_usage_saturated  the same, only over snapshots taken while requests were queued (memory
-                        is the bottleneck then: the paper's Fig. 2 setting)
+                        is the bottleneck then; this window is minipaged's choice: the paper
+                        does not say over which part of its run Fig. 2 averages)
     avg_batch_size      sequences per decode step (all running sequences in vLLM v0's
                         decode steps), averaged over decode steps
     throughput          generated tokens per simulated second

@@ -74,10 +74,10 @@ def v1_v2(ctx: Context) -> Answer:
         "long sequences that is too few blocks to fill a GPU (an H100 SXM has 132 SMs). v2 cuts "
         "the context into 512-token partitions, one block each, writing a local max, sum and "
         "partial output; a reduce kernel rescales by exp(m_i - m) and combines them: the same "
-        "online softmax. vLLM v0 chose v1 when max_seq_len <= 8192 and (one partition only, or "
-        "num_seqs * num_heads > 512), v2 otherwise, so always v2 above 8192 tokens "
-        "(vllm/attention/ops/paged_attn.py in the v0 releases). minipaged's kernel has both "
-        "versions, and v3/v4, their grouped forms for H > Hkv (cuda/paged_attention.cu).",
+        "online softmax. vLLM's legacy paged path (v0 engine) chose v1 when max_seq_len <= 8192 "
+        "and (one partition only, or num_seqs * num_heads > 512), v2 otherwise, so always v2 above "
+        "8192 tokens (vllm/attention/ops/paged_attn.py in the v0 releases). minipaged's kernel has "
+        "both versions, and v3/v4, their grouped forms for H > Hkv (cuda/paged_attention.cu).",
         figures=[
             ("1 sequence x 32 heads, 16K context: v1 / v2 thread blocks",
              f"{g['v1']} / {g['v2']} ({g['partitions']} partitions)"),
@@ -137,15 +137,15 @@ def cow_vs_prefix(ctx: Context) -> Answer:
         mgr.take_copies()
     return Answer(
         "Copy-on-write (paper section 4.4) shares blocks between the sequences of one request "
-        "(fork) and copies the shared partial last block on the first write. Prefix caching "
-        "shares full blocks between any requests through a hash of the whole prefix, and (in "
-        "minipaged and for one-group models in vLLM) never shares a partial block, so there is "
-        "nothing to copy. vLLM v0 had both (automatic prefix caching, "
+        "(fork) and copies the shared partial last block on the first write. Prefix caching shares "
+        "full blocks between any requests through a hash of the whole prefix, and (in minipaged "
+        "and for one-group models in vLLM) never shares a partial block, so there is nothing to "
+        "copy. vLLM v0 had both (automatic prefix caching, "
         "vllm/core/block/prefix_caching_block.py, beside copy-on-write); the v1 engine has no "
         "forks and runs parallel sampling as n requests with one cached prompt "
-        "(vllm/v1/engine/parallel_sampling.py): it gives up at most one block per sample. It "
-        "copies a block only when a prefix-cache hit ends inside it, which only hybrid models' "
-        "finer hashes allow (vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; "
+        "(vllm/v1/engine/parallel_sampling.py): it gives up at most one block per sample. In vLLM "
+        "0.32 it copies a block only when a prefix-cache hit ends inside it, which only hybrid "
+        "models' finer hashes allow (vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; "
         "vllm/v1/core/kv_cache_utils.py). minipaged's KVCacheManager does both, as v0 could.",
         figures=[
             (f"n={n} samples, {len(prompt)}-token prompt, {gen} tokens each, BS {bs}: no sharing",
@@ -168,13 +168,14 @@ def last_token(ctx: Context) -> Answer:
         figures.append((f"{n}-token prompt seen before (BS 16): tokens reused",
                         str(m.allocate("again", list(range(n))))))
     return Answer(
-        "Hashes are chained (hash of the parent's hash and the block's tokens), so equal hashes "
-        "mean equal prefixes, up to a hash collision. vLLM v1 looks a hit up by hash alone "
-        "(vllm/v1/core/block_pool.py, get_cached_block); nano-vllm also compares the block's token "
-        "ids (nanovllm/engine/block_manager.py); sharing/prefix_cache.py says what minipaged "
-        "does. Only full blocks are cached, and the last prompt token is always recomputed: the "
-        "model needs its logits to sample the first output token. So a fully cached prompt whose "
-        "length is a multiple of BS still recomputes its last block.",
+        "Hashes are chained (the parent's hash, the block's tokens and extra keys such as a LoRA "
+        "id), so equal hashes mean equal prefixes under equal extra keys, up to a hash collision. "
+        "vLLM v1 looks a hit up by hash alone (vllm/v1/core/block_pool.py, get_cached_block); "
+        "nano-vllm also compares the block's token ids (nanovllm/engine/block_manager.py); "
+        "sharing/prefix_cache.py says what minipaged does. Only full blocks are cached, and the "
+        "last prompt token is always recomputed: the model needs its logits to sample the first "
+        "output token. So a fully cached prompt whose length is a multiple of BS still recomputes "
+        "its last block.",
         figures=figures,
         commands=["python lessons/05_prefix_caching.py", "minipaged check 10"])
 

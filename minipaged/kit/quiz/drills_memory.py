@@ -61,11 +61,12 @@ def block_size_limits(ctx: Context) -> Answer:
     return Answer(
         "Small blocks: each block costs a table lookup and a scattered read, a warp processes one "
         "block at a time, and swapping makes one small copy per block. Large blocks: the unused "
-        "tail grows, fewer prefixes are shareable (only full blocks are cached), and in vLLM's v0 "
-        "kernel a warp's lanes split a block's tokens into thread groups, so the block size is a "
-        "template parameter (instantiated for 8, 16, 32; csrc/attention/attention_kernels.cuh). "
-        "FlashAttention's upstream paged path requires multiples of 256 (flash_attn_with_kvcache); "
-        "vLLM's fork and its v1 backend take multiples of 16.",
+        "tail grows, fewer prefixes are shareable (only full blocks are cached), and in vLLM's "
+        "legacy paged kernel (the v0 engine's) a warp's lanes split a block's tokens into thread "
+        "groups, so the block size is a template parameter (instantiated for 8, 16, 32; "
+        "csrc/attention/attention_kernels.cuh). FlashAttention's upstream paged path requires "
+        "multiples of 256 (flash_attn_with_kvcache); vLLM's fork and its v1 backend take multiples "
+        "of 16.",
         figures=figures,
         commands=["minipaged bench kernel --help", ctx.sim_command(block_size=256)])
 

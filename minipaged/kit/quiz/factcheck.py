@@ -113,7 +113,7 @@ def copy_on_write(ctx: Context) -> Finding:
         "copy-on-write", f"fork then append: copies {copies} for the writer; the other owner, "
         f"now alone, writes in place (copies afterwards: {m.take_copies()})", "holds",
         "the paper, section 4.4; only the last, partly filled block ever needs a copy "
-        "(vLLM v0's forks; the v1 engine has no forks and copies a block only when a "
+        "(vLLM v0's forks; vLLM 0.32's v1 engine has no forks and copies a block only when a "
         "prefix-cache hit ends inside it, which hybrid models' finer hashes allow: "
         "vllm/v1/core/single_type_kv_cache_manager.py, _apply_cow; vllm/v1/core/kv_cache_utils.py)",
         copies=copies, table=table, ref_counts=ref_counts, child_slot=child_slot,
@@ -174,7 +174,7 @@ def throughput_2_4x(ctx: Context) -> Finding:
         + ", ".join(f"{p} {v:.2f}x" for p, v in sp.items()),
         "holds" if hi >= 2.0 and lo <= 4.0 else "off",
         "the paper: 2-4x the throughput of Orca and FasterTransformer at the same latency "
-        f"(abstract, section 6.2); our cost model reaches {hi:.1f}x over the worst baseline and "
+        f"(abstract); our cost model reaches {hi:.1f}x over the worst baseline and "
         f"{lo:.1f}x over the best (the paper, ShareGPT: 1.7-2.7x over Orca (Oracle), 2.7-8x over "
         "Orca (Max), section 6.2)", speedup=sp)
 

@@ -39,8 +39,8 @@ GLOSSARY: tuple[Term, ...] = (
          "free blocks, least recently used first; cached ones keep their hash until evicted"),
     Term("copy-on-write", "写时复制",
          "a write to a shared block first copies it to a fresh block (paper section 4.4; "
-         "vLLM v0's forks; in v1 only a prefix-cache hit that ends inside a block, which "
-         "hybrid models allow, vllm/v1/core/single_type_kv_cache_manager.py)"),
+         "vLLM v0's forks; in v1 none, except in vLLM 0.32 a prefix-cache hit that ends inside a "
+         "block, which only hybrid models allow, vllm/v1/core/single_type_kv_cache_manager.py)"),
     Term("fork", "分叉", "a new sequence sharing all blocks of its parent (counts + 1)"),
     Term("parallel sampling", "并行采样", "n completions of one prompt, sharing its blocks"),
     Term("beam search", "束搜索", "keep the k best candidates each step; beams share prefixes"),
@@ -78,7 +78,8 @@ GLOSSARY: tuple[Term, ...] = (
          "(query head, sequence), minipaged's v3/v4 one per (KV head, sequence) for up to 8 of "
          "its query heads"),
     Term("warp", "线程束",
-         "32 threads in lockstep; in the v1 paged kernel the warps take KV blocks in turn"),
+         "32 threads in lockstep; in vLLM's paged kernel (v1 and v2) the warps take KV blocks "
+         "in turn"),
     Term("shared memory", "共享内存", "fast per-thread-block memory; holds the logits"),
     Term("partition (v2 kernel)", "分区",
          "512-token slice of a long context, reduced afterwards (paged_attention_v2)"),
