@@ -7,7 +7,8 @@ Checks, against the one map in ``minipaged/__init__.py`` (``READING_ORDER``):
   * every core module's docstring says ``Read next: ``<the next module>``, so the links form one
     path through the core;
   * the package docstring and the README's course map list the core modules in that order;
-  * no core file is over 300 lines, and the core path does not grow (its budget is 2,700);
+  * no core file is over 300 lines, and neither the core path nor the package grows (their
+    budgets are 2,700 and 12,000 lines);
   * no package, lesson, exercise or test file is over 300 lines.
 """
 
@@ -162,3 +163,15 @@ def test_no_lesson_exercise_or_test_file_is_over_300_lines():
     lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in sources}
     too_long = {rel: n for rel, n in lines.items() if n > 300}
     assert not too_long, f"files over 300 lines: {too_long}"
+
+
+def test_package_does_not_grow():
+    # The design budget for the whole package is 12,000 lines of source (the CPU emulation
+    # harness, cuda/emu/, not counted). It is not met: the teaching kit alone (minipaged/kit/) is
+    # about 9,400 lines, and the closing notes ask whether to cut its content or count it apart.
+    # Until that is decided, this ratchet keeps the package from growing: 17,930 lines of .py,
+    # .cu and .cuh files.
+    sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
+               if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
+    total = sum(len(p.read_text().splitlines()) for p in sources)
+    assert total <= 17930, f"the package is {total} lines (> 17,930)"
