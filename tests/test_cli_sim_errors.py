@@ -68,17 +68,22 @@ CASES: list[tuple[str, str]] = [
     ("simulate --n 2 --beam-width 2", "argument --beam-width: not allowed with argument --n"),
     ("simulate --max-num-seqs 0", "--max-num-seqs=0 must be >= 1"),
     ("simulate --max-num-batched-tokens 0", "--max-num-batched-tokens=0 must be >= 1"),
-    ("simulate --max-num-batched-tokens 1", "--max-num-batched-tokens=1 is below the 2048 "
-                                            "positions of opt-13b: without --chunked-prefill a "
-                                            "whole prompt is one step; expected at least 2048"),
-    ("simulate --sharing prefix", "--sharing=prefix is how the --n samples of a request share "
-                                  "its prompt, and --n is 1"),
+    ("simulate --max-num-batched-tokens 1", "--max-num-batched-tokens=1 must be >= "
+                                            "max_model_len=2048, a prompt's step, unless "
+                                            "--chunked-prefill"),
+    ("simulate --sharing prefix", "--sharing=prefix is how the samples of a request share its "
+                                  "prompt, and --n=1 (beam search forks its beams); expected "
+                                  "--n=2 or more"),
+    ("simulate --kv-cache-gb 1e-6 --policy orca-max", "--kv-cache-gb=1e-06 holds no token slot; "
+                                                      "expected a larger --kv-cache-gb"),
+    ("bench simulate --sizes 5 --policy orca-max --block-size 32", "--policy=orca-max reserves "
+     "one contiguous region per request and would ignore --block-size=32"),
     ("simulate --seed -1", "--seed=-1 must be >= 0"),
     ("simulate --policy nope", "argument --policy: invalid choice: 'nope'"),
     ("simulate --sharing nope", "argument --sharing: invalid choice: 'nope'"),
     ("simulate --preemption nope", "argument --preemption: invalid choice: 'nope'"),
     ("simulate --policy orca-max --n 2", "--policy=orca-max cannot share memory between "
-                                         "sequences: --n and --beam-width need --policy=paged"),
+                                         "sequences: --n=2 / --beam-width=1 need --policy=paged"),
     ("simulate --policy orca-max --prefix-caching", "--policy=orca-max reserves one contiguous "
                                                    "region per request and would ignore "
                                                    "--prefix-caching"),

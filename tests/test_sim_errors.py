@@ -61,6 +61,13 @@ def test_sim_config_refuses_a_workload_that_is_not_one(tmp_path):
     (dict(swap_space_blocks=10), "swap_space_blocks=10 would never be used: with "
      "preemption_mode='recompute' only a group of several sequences"),
     (dict(swap_space_blocks=10, n=2, sharing="prefix"), "swap_space_blocks=10 would never"),
+    (dict(sharing="prefix"), "sharing='prefix' is how the samples of a request share its prompt, "
+     "and n=1"),
+    (dict(kv_cache_gb=1e-6), r"kv_cache_gb=1e-06 holds 0 token slots, less than one block of "
+     "block_size=16; expected a smaller block_size or a larger kv_cache_gb"),
+    (dict(num_slots=3), "num_slots=3 holds 3 token slots, less than one block"),
+    (dict(kv_cache_gb=1e-6, policy="orca-max"), "kv_cache_gb=1e-06 holds no token slot"),
+    (dict(max_num_batched_tokens=100), "max_num_batched_tokens=100 must be >= max_model_len=2048"),
 ])
 def test_sim_config_refuses_settings_the_run_would_ignore(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -124,3 +131,16 @@ def test_simulate_refuses_a_run_too_big_for_this_machine(monkeypatch, tmp_path):
     trace = tmp_path / "one.jsonl"  # a trace counts its own requests, not num_requests
     trace.write_text('{"prompt_len": 5, "output_len": 3}\n')
     assert simulate(SimConfig(workload=str(trace), num_requests=10**9)).num_finished == 1
+
+
+def test_flag_words_rewrite_parameters_only():
+    """The command line words SimConfig's refusals with its flags: a name=value and a bare name
+    with an underscore become the flag; a bare one-word name (n, policy) stays a word."""
+    from minipaged.kit.cli.common import in_flag_words
+    from minipaged.kit.cli.simulation import SIMULATE_FLAGS
+
+    said = ("policy='orca-max' would ignore enable_prefix_caching=True, block_size=8 and "
+            "n=2 (n samples); expected a smaller block_size, max_model_len=2048 kept")
+    assert in_flag_words(said, SIMULATE_FLAGS) == (
+        "--policy=orca-max would ignore --prefix-caching, --block-size=8 and --n=2 (n samples); "
+        "expected a smaller --block-size, max_model_len=2048 kept")

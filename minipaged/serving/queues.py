@@ -53,7 +53,7 @@ class SchedulerConfig:
         b = check_int("max_num_batched_tokens", self.token_budget, low=1)
         if not self.chunked_prefill and b < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={b} must be >= max_model_len="
-                             f"{self.max_model_len} without chunked prefill (a prompt is a step)")
+                             f"{self.max_model_len}, a prompt's step, unless chunked_prefill=True")
 
     @property
     def token_budget(self) -> int:

@@ -1,10 +1,10 @@
 """The serving simulator: the paper's experiments with the project's own scheduler and managers.
 
-Read in this order: ``workloads.py`` (who asks for how many tokens, and when), ``memory.py``
-(how many token slots a model leaves on a GPU; ``minipaged kv-calc``), ``cost.py`` (how long a
-step takes), ``executor.py`` (the stand-in model: step times and tokens), ``simulator.py`` (the
-loop; ``minipaged simulate``), ``experiments.py`` (the paper's figures;
-``minipaged experiment N``); ``host.py`` refuses a run too big for this machine. The
+Read in this order: ``workloads.py`` (who asks for how many tokens, and when), ``memory.py`` (how
+many token slots a model leaves on a GPU; ``minipaged kv-calc``), ``cost.py`` (how long a step
+takes), ``executor.py`` (the stand-in model: step times and tokens), ``config.py`` (what one run is
+asked to do), ``simulator.py`` (the loop; ``minipaged simulate``), ``experiments.py`` (the paper's
+figures; ``minipaged experiment N``); ``host.py`` refuses a run too big for this machine. The
 command-line glue is in ``kit/cli/simulation.py``.
 """
 

@@ -27,87 +27,19 @@ What is measured (``SimResult``; ``--json`` writes it):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from minipaged._checks import SIZE_LIMIT, cdiv, check_bool, check_choice, check_int
+from minipaged._checks import cdiv, check_int
 from minipaged.contiguous.usage import CATEGORIES
-from minipaged.serving.memory_policy import POLICY_NAMES, PagedPolicy, make_policy
-from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig
+from minipaged.serving.memory_policy import PagedPolicy, make_policy
+from minipaged.serving.scheduler import NoProgressError, Scheduler
+from minipaged.sim.config import SimConfig
 from minipaged.sim.cost import CostModel
 from minipaged.sim.executor import SimExecutor
 from minipaged.sim.host import check_sim_size
 from minipaged.sim.memory import preset
-from minipaged.sim.workloads import WORKLOADS, check_workload, make_workload, prompt_token_ids
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    workload: str = "sharegpt"        # sharegpt | alpaca | path of a JSONL trace
-    policy: str = "paged"             # paged | orca-max | orca-pow2 | orca-oracle
-    num_requests: int = 1000
-    request_rate: float = math.inf    # requests per second (Poisson); inf: all at t=0
-    seed: int = 0
-    block_size: int = 16
-    model: str = "opt-13b"            # memory + cost preset (memory.PRESETS)
-    kv_cache_gb: float | None = None  # override the preset's KV budget (GiB)
-    num_slots: int | None = None      # override the KV budget in token slots (tests)
-    n: int = 1                        # parallel samples per request
-    beam_width: int = 1
-    sharing: str = "cow"              # n > 1: "cow" (v0 fork) or "prefix" (v1: n requests)
-    enable_prefix_caching: bool = False
-    preemption_mode: str = "recompute"
-    swap_space_blocks: int | None = None  # CPU pool; default: as many blocks as the GPU
-    chunked_prefill: bool = False
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    usage_every: int | None = None    # steps between usage snapshots; None: auto
-
-    def __post_init__(self) -> None:
-        check_workload(self.workload)
-        check_choice("policy", self.policy, POLICY_NAMES)
-        for name in ("num_requests", "n", "beam_width", "max_num_seqs"):
-            check_int(name, getattr(self, name), low=1)
-        check_int("seed", self.seed, low=0)
-        check_choice("sharing", self.sharing, ("cow", "prefix"))
-        check_int("block_size", self.block_size, low=1)
-        for name in ("enable_prefix_caching", "chunked_prefill"):
-            check_bool(name, getattr(self, name))
-        for name, low in (("num_slots", 1), ("swap_space_blocks", 0), ("usage_every", 1)):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), low=low, high=SIZE_LIMIT)
-        if self.num_slots is not None and self.kv_cache_gb is not None:
-            raise ValueError(f"num_slots={self.num_slots} and kv_cache_gb={self.kv_cache_gb!r} "
-                             "both set the KV budget; give one")
-        slots = preset(self.model, kv_cache_gb=self.kv_cache_gb).num_token_slots  # both checked
-        ids, what = ((slots // self.block_size, "blocks") if self.policy == "paged"
-                     else (slots, "token slots"))
-        if ids >= SIZE_LIMIT:  # only a kv_cache_gb can get here: num_slots is bounded above
-            raise ValueError(f"kv_cache_gb={self.kv_cache_gb:g} holds {ids:,} {what}; expected "
-                             "fewer than 2**31 (their ids are int32)")
-        self._check_combinations()
-
-    def _check_combinations(self) -> None:
-        """A setting the policy or the preemption mode would ignore is refused (the command
-        line's flags come through here too)."""
-        if self.policy != "paged" and (self.n > 1 or self.beam_width > 1):
-            raise ValueError(f"policy={self.policy!r} cannot share memory between sequences: "
-                             f"n={self.n} / beam_width={self.beam_width} need policy='paged'")
-        paged_only = [f"{name}={getattr(self, name)!r}" for name, used in (
-            ("enable_prefix_caching", self.enable_prefix_caching),
-            ("preemption_mode", self.preemption_mode == "swap"),  # a reservation is never evicted
-            ("block_size", self.block_size != SimConfig.block_size)) if used]  # its default
-        if self.policy != "paged" and paged_only:
-            raise ValueError(f"policy={self.policy!r} reserves one contiguous region per request "
-                             f"and would ignore {', '.join(paged_only)}: only policy='paged' "
-                             f"uses {'it' if len(paged_only) == 1 else 'them'}")
-        one_seq_groups = self.beam_width == 1 and (self.n == 1 or self.sharing == "prefix")
-        if self.swap_space_blocks and self.preemption_mode == "recompute" and one_seq_groups:
-            raise ValueError(
-                f"swap_space_blocks={self.swap_space_blocks} would never be used: with "
-                "preemption_mode='recompute' only a group of several sequences (n > 1 with "
-                "sharing='cow', or beam_width > 1) is swapped; use preemption_mode='swap'")
+from minipaged.sim.workloads import WORKLOADS, make_workload, prompt_token_ids
 
 
 @dataclass
@@ -156,10 +88,7 @@ def build(cfg: SimConfig):
                          enable_prefix_caching=cfg.enable_prefix_caching or (
                              cfg.n > 1 and cfg.sharing == "prefix"),
                          num_cpu_blocks=cpu if cfg.policy == "paged" else 0)
-    sched = Scheduler(policy, SchedulerConfig(
-        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=max_len, chunked_prefill=cfg.chunked_prefill,
-        preemption_mode=cfg.preemption_mode, keep_outputs=False))
+    sched = Scheduler(policy, cfg.scheduler_config(max_len))
     cost = CostModel.for_preset(p)
     ex = SimExecutor(cost, p.model.kv_bytes_per_token * cfg.block_size, cfg.seed,
                      block_size=cfg.block_size if cfg.policy == "paged" else None)

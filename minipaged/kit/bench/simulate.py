@@ -15,7 +15,7 @@ import time
 from rich.console import Console
 
 from minipaged.kit.bench import fill_unset
-from minipaged.kit.cli.common import check_sim_blocks, check_sim_size, progress_bar, table
+from minipaged.kit.cli.common import check_sim_size, flag_words, progress_bar, table
 
 # The request counts when --sizes is not given, without and with --quick.
 DEFAULTS, QUICK = dict(sizes=[1000, 10_000, 100_000]), dict(sizes=[200, 1000])
@@ -26,8 +26,8 @@ def run(args) -> int:
 
     fill_unset(args, DEFAULTS, QUICK)
     sizes = args.sizes
-    if args.policy == "paged":
-        check_sim_blocks(SimConfig.model, None, args.block_size)    # the preset it simulates
+    with flag_words({"policy": "--policy", "block_size": "--block-size"}):
+        SimConfig(policy=args.policy, block_size=args.block_size)  # refused now, not at size 1
     check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "

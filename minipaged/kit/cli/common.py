@@ -13,17 +13,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import sys
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 from minipaged._checks import OutOfBlocksError
 from minipaged._install import TORCH_HINT
-from minipaged.sim import nbytes
 from minipaged.sim import table as table
 from minipaged.sim.host import SIM_BYTES_PER_BLOCK as SIM_BYTES_PER_BLOCK
 from minipaged.sim.host import check_sim_size as check_sim_size
 from minipaged.sim.host import refuse_if_too_big as refuse_if_too_big
-from minipaged.sim.memory import preset
 
 # ---- errors and sizes --------------------------------------------------------------------------
 
@@ -58,17 +58,28 @@ def describe(e: BaseException, what: str = "") -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def check_sim_blocks(model: str, kv_cache_gb: float | None, block_size: int) -> None:
-    """Refuse a paged simulation whose KV budget holds no block, naming the flags (the
-    simulator refuses it too, later, in its parameters' names)."""
-    p = preset(model, kv_cache_gb=kv_cache_gb)
-    if p.num_token_slots >= block_size:
-        return
-    budget = (f"--kv-cache-gb={kv_cache_gb:g}" if kv_cache_gb is not None
-              else f"the {model} preset's {nbytes(p.kv_cache_bytes)} of KV cache")
-    raise ValueError(f"{budget} holds {p.num_token_slots:,} token slots, less than one block of "
-                     f"--block-size={block_size}; expected a smaller --block-size"
-                     + (" or a larger --kv-cache-gb" if kv_cache_gb is not None else ""))
+def in_flag_words(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` with each parameter in ``flags`` (name -> flag) written as its flag:
+    ``block_size=32`` -> ``--block-size=32``, ``policy='paged'`` -> ``--policy=paged``,
+    ``enable_prefix_caching=True`` -> ``--prefix-caching``, and a bare name with an underscore,
+    ``block_size`` -> ``--block-size`` (a bare ``n`` or ``policy`` may be an ordinary word). So a
+    check of ``SimConfig``, in its parameters' names, speaks the command line's words too."""
+    def flag(m: re.Match) -> str:
+        name, value = m.group(1) or m.group(3), (m.group(2) or "").strip("'")
+        return flags[name] if value in ("", "True") else f"{flags[name]}={value}"
+
+    names = "|".join(flags)
+    bare = "|".join(name for name in flags if "_" in name)
+    return re.sub(rf"\b(?:({names})=('[^']*'|[^\s,;:)]+)|({bare})\b)", flag, message)
+
+
+@contextmanager
+def flag_words(flags: Mapping[str, str]):
+    """A ValueError raised inside comes out ``in_flag_words``."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(in_flag_words(str(e), flags)) from None
 
 
 def need_torch() -> None:

@@ -21,8 +21,8 @@ from minipaged.kit.cli.args import (
     workload,
 )
 from minipaged.kit.cli.common import (
-    check_sim_blocks,
     check_sim_size,
+    flag_words,
     progress_bar,
     reading,
     table,
@@ -103,41 +103,19 @@ def add_simulate(sub) -> None:
     json_out(p, "every figure")
 
 
-def _check_flags(args) -> None:
-    """Flags that contradict each other, refused in their own words before any work."""
-    if args.policy == "paged":
-        check_sim_blocks(args.model, args.kv_cache_gb, args.block_size)
-    else:  # SimConfig refuses the same, in its parameters' names
-        from minipaged.sim.simulator import SimConfig
-
-        if args.n > 1 or args.beam_width > 1:
-            raise ValueError(f"--policy={args.policy} cannot share memory between sequences: "
-                             "--n and --beam-width need --policy=paged")
-        ignored = [flag for flag, given in (
-            ("--prefix-caching", args.prefix_caching),
-            ("--preemption=swap", args.preemption == "swap"),
-            (f"--block-size={args.block_size}", args.block_size != SimConfig.block_size))
-            if given]
-        if ignored:
-            raise ValueError(f"--policy={args.policy} reserves one contiguous region per "
-                             f"request and would ignore {', '.join(ignored)}: only "
-                             f"--policy=paged uses {'it' if len(ignored) == 1 else 'them'}")
-    if args.sharing == "prefix" and args.n == 1:
-        raise ValueError("--sharing=prefix is how the --n samples of a request share its "
-                         "prompt, and --n is 1 (beam search forks its beams); expected --n 2 "
-                         "or more with it")
-    max_len, budget = PRESETS[args.model].model.max_model_len, args.max_num_batched_tokens
-    if budget is not None and budget < max_len and not args.chunked_prefill:
-        raise ValueError(f"--max-num-batched-tokens={budget} is below the {max_len} positions "
-                         f"of {args.model}: without --chunked-prefill a whole prompt is one "
-                         f"step; expected at least {max_len}, or --chunked-prefill")
+# SimConfig's parameters as simulate's flags: its checks speak for the command line
+# (``common.flag_words``). Two flags are spelled otherwise than their parameters.
+SIMULATE_FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "workload", "policy", "num_requests", "request_rate", "seed", "block_size", "model",
+    "kv_cache_gb", "n", "beam_width", "sharing", "chunked_prefill", "max_num_batched_tokens",
+    "max_num_seqs")} | {"enable_prefix_caching": "--prefix-caching",
+                        "preemption_mode": "--preemption"}
 
 
 def simulate(args) -> int:
     from minipaged.sim.simulator import SimConfig, simulate
     from minipaged.sim.workloads import WORKLOADS, has_arrival_times, load_jsonl
 
-    _check_flags(args)
     num_requests, rate = args.num_requests, f"at {args.request_rate} req/s"
     if args.workload not in WORKLOADS:       # a trace: read it once here, to blame it by name
         with reading("--workload", args.workload):
@@ -145,14 +123,15 @@ def simulate(args) -> int:
         num_requests = min(num_requests, len(trace))
         if has_arrival_times(args.workload):
             rate = "at the trace's arrival times (--request-rate is not used)"
-    cfg = SimConfig(workload=args.workload, policy=args.policy, num_requests=args.num_requests,
-                    request_rate=args.request_rate, seed=args.seed, block_size=args.block_size,
-                    model=args.model, kv_cache_gb=args.kv_cache_gb, n=args.n,
-                    beam_width=args.beam_width, sharing=args.sharing,
-                    enable_prefix_caching=args.prefix_caching, preemption_mode=args.preemption,
-                    chunked_prefill=args.chunked_prefill,
-                    max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_num_seqs=args.max_num_seqs)
+    with flag_words(SIMULATE_FLAGS):
+        cfg = SimConfig(workload=args.workload, policy=args.policy,
+                        num_requests=args.num_requests, request_rate=args.request_rate,
+                        seed=args.seed, block_size=args.block_size, model=args.model,
+                        kv_cache_gb=args.kv_cache_gb, n=args.n, beam_width=args.beam_width,
+                        sharing=args.sharing, enable_prefix_caching=args.prefix_caching,
+                        preemption_mode=args.preemption, chunked_prefill=args.chunked_prefill,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs)
     check_sim_size(num_requests, max(args.n, args.beam_width), model=args.model,
                    kv_cache_gb=args.kv_cache_gb, flag="--num-requests", kv_flag="--kv-cache-gb",
                    block_size=args.block_size if args.policy == "paged" else None)
