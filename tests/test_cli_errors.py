@@ -39,6 +39,10 @@ CASES: list[tuple[str, str]] = [
     ("simulate --workload ''", "--workload='' is empty; expected a path"),
     ("generate x --checkpoint ''", "--checkpoint='' is empty; expected a path"),
     ("train --out ''", "--out='' is empty; expected a path"),
+    ("train --out {dir}/x.json", "ends in .json, the name its report is written to; expected "
+                                 "another suffix (.pt)"),
+    ("kv-calc --entry-bytes 1", "--entry-bytes=1 names at most 128 blocks (signed entries), and "
+                                "this cache has 983; expected a larger --entry-bytes"),
     ("present ''", "deck='' is empty; expected a path"),
     ("demo paging --svg ''", "--svg='' is empty; expected a path"),
     ("gpu-check --out ''", "--out='' is empty; expected a path"),

@@ -105,6 +105,9 @@ CASES: list[tuple[str, str]] = [
     ("simulate --json {dir}", "is a directory; expected a file name to write"),
     ("simulate --num-requests 5 --json /dev/full", "--json='/dev/full' cannot be written"),
     ("simulate --workload /dev/null", "--workload='/dev/null' is not a regular file"),
+    ("simulate --num-requests 5 --json /proc/version", "--json='/proc/version' cannot be written"),
+    ("simulate --workload {too_long} --model llama-3-8b --json {too_long}", "is the --workload "
+     "trace, which the report would overwrite; expected another file name"),
     # experiment
     ("experiment 0", "argument number: invalid choice: 0"),
     ("experiment 6", "argument number: invalid choice: 6"),

@@ -130,3 +130,21 @@ def test_cost_model_is_memory_bound_and_monotone():
     small = c.step_time(1, 10, blocks_swapped=64, block_bytes=1 << 20)
     big = c.step_time(1, 10, blocks_swapped=16, block_bytes=4 << 20)
     assert small > big  # same bytes in more, smaller copies costs more
+
+
+def test_trace_arrivals_and_the_model_length(tmp_path):
+    """A trace whose arrival_s are null has no arrival times (load_jsonl draws them), and a trace
+    is read at the model's own max_model_len: a 3000-token prompt fits llama-3-8b's 8192."""
+    from minipaged.kit.cli import main
+    from minipaged.sim.simulator import SimConfig, simulate
+    from minipaged.sim.workloads import has_arrival_times
+
+    null = tmp_path / "null.jsonl"
+    null.write_text('{"prompt_len": 5, "output_len": 5, "arrival_s": null}\n')
+    assert not has_arrival_times(null)
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt_len": 3000, "output_len": 4}\n')
+    assert main(["simulate", "--workload", str(long), "--model", "llama-3-8b"]) == 0
+    # A run shorter than its first usage snapshot has no usage figures, not zeros.
+    r = simulate(SimConfig(workload=str(long), model="llama-3-8b", num_requests=1))
+    assert r.num_steps < 16 and r.kv_usage is None

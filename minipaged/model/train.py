@@ -25,6 +25,7 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from minipaged._checks import check_int
 from minipaged.model import corpus
@@ -85,6 +86,14 @@ def check_warmup(warmup: int, steps: int, names: tuple[str, str] = ("warmup", "s
                          f"never reach its peak nor decay; expected {w} <= {n}")
 
 
+def check_out(out_path, name: str = "out_path") -> None:
+    """The report is written beside the checkpoint with a .json suffix, so a checkpoint path
+    ending in .json would be overwritten by its own report."""
+    if report_path(out_path) == Path(out_path):
+        raise ValueError(f"{name}={str(out_path)!r} ends in .json, the name its report is "
+                         "written to; expected another suffix (.pt)")
+
+
 def evaluate(model, num: int = NUM_EVAL, attention: str = "torch") -> float:
     """Fraction of ``num`` held-out counting prompts answered exactly right (greedy)."""
     from minipaged.model.reference import ReferenceGenerator
@@ -105,6 +114,7 @@ def train(s: TrainSettings, out_path, log=print) -> dict:
 
     check_num_eval(s.num_eval)      # before the minutes of training, not after
     check_warmup(s.warmup, s.steps)
+    check_out(out_path)
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)

@@ -13,7 +13,8 @@ What is measured (``SimResult``; ``--json`` writes it):
     kv_usage            time-averaged fractions of all KV slots per category (``usage.py``);
                         they add up to the used share; snapshots every ``usage_every`` steps
                         (auto: num_requests // 8, at least 16: a snapshot costs a pass over
-                        the block tables), each weighted by the simulated time since the last
+                        the block tables), each weighted by the simulated time since the last;
+                        None (JSON null) for a run shorter than its first snapshot
     kv_usage_saturated  the same, only over snapshots taken while requests were queued (memory
                         is the bottleneck then; this window is minipaged's choice: the paper
                         does not say over which part of its run Fig. 2 averages)
@@ -57,7 +58,7 @@ class SimResult:
     num_preemptions: int
     num_swapped_out: int
     num_recomputed: int
-    kv_usage: dict[str, float]
+    kv_usage: dict[str, float] | None  # None: the run ended before its first snapshot
     kv_usage_saturated: dict[str, float] | None
     memory_saving: float | None
     token_slots: int
@@ -197,7 +198,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         num_preemptions=sched.num_preemptions,
         num_swapped_out=sched.num_swapped_out,
         num_recomputed=sched.num_recomputed,
-        kv_usage=fractions(acc, w_total) or dict.fromkeys(CATEGORIES, 0.0),
+        kv_usage=fractions(acc, w_total),
         kv_usage_saturated=fractions(acc_sat, w_sat),
         memory_saving=(1.0 - used_blocks_acc / unshared_acc) if (
             sharing_run and paged and unshared_acc > 0) else None,

@@ -138,7 +138,7 @@ def has_arrival_times(path: str | Path) -> bool:
     """True when a trace ``load_jsonl`` accepts gives ``arrival_s`` (then on every line, so the
     first says it), and ``request_rate`` is not used."""
     with Path(path).open(encoding="utf-8") as f:
-        return "arrival_s" in json.loads(next(line for line in f if line.strip()))
+        return json.loads(next(line for line in f if line.strip())).get("arrival_s") is not None
 
 
 def load_jsonl(path: str | Path, *, request_rate: float = math.inf, seed: int = 0,

@@ -94,6 +94,12 @@ def output_file(path: str) -> str | None:
     p = Path(path)
     if p.is_dir():
         return "is a directory; expected a file name to write"
+    if p.exists():  # written over at the end of the run: find out now that it can be
+        try:
+            with p.open("a"):
+                pass
+        except OSError as e:
+            return f"cannot be written ({e.strerror or e})"
     parent = p.parent
     if not parent.is_dir():
         return f"is in a folder that does not exist ({str(parent)!r})"

@@ -98,6 +98,11 @@ def kv_calc(args) -> int:
         _check_tp(m, p.tp)           # the custom heads, which the preset's check did not see
     r = memory.kv_calc(p, block_size=args.block_size, context_len=args.context_len,
                 num_requests=args.num_requests, entry_bytes=args.entry_bytes)
+    ids = 2 ** (8 * args.entry_bytes - 1)  # signed entries, as int32 is (minipaged pads with -1)
+    if r["num_blocks"] > ids:
+        raise ValueError(f"--entry-bytes={args.entry_bytes} names at most {ids:,} blocks (signed "
+                         f"entries), and this cache has {r['num_blocks']:,}; expected a larger "
+                         "--entry-bytes")
     if args.json:
         print(json.dumps(r, indent=2))
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 from rich.console import Console
 
@@ -48,7 +49,7 @@ examples:
 """
 
 SUMMARY_ROWS = (
-    *((label, lambda r, k=key: pct(r.kv_usage[k])) for label, key in (
+    *((label, lambda r, k=key: pct(r.kv_usage and r.kv_usage[k])) for label, key in (
         ("token states (of KV memory)", "token"), ("reserved", "reserved"),
         ("internal fragmentation", "internal_fragmentation"),
         ("external fragmentation", "external_fragmentation"), ("free", "free"))),
@@ -98,7 +99,8 @@ def add_simulate(sub) -> None:
     p.add_argument("--chunked-prefill", action="store_true",
                    help="split prompts into chunks within a per-step token budget")
     num(p, "--max-num-batched-tokens", int, None,
-        "per-step token budget (unset: 2048, or 512 with chunked prefill)")
+        "per-step token budget (unset: the model's max_model_len, at least 2048; 512 with "
+        "chunked prefill)")
     num(p, "--max-num-seqs", int, 256, "sequences per step at most")
     json_out(p, "every figure")
 
@@ -118,8 +120,12 @@ def simulate(args) -> int:
 
     num_requests, rate = args.num_requests, f"at {args.request_rate} req/s"
     if args.workload not in WORKLOADS:       # a trace: read it once here, to blame it by name
+        if args.json and Path(args.json).exists() and Path(args.json).samefile(args.workload):
+            raise ValueError(f"--json={args.json!r} is the --workload trace, which the report "
+                             "would overwrite; expected another file name")
         with reading("--workload", args.workload):
-            trace = load_jsonl(args.workload)
+            trace = load_jsonl(args.workload,
+                               max_model_len=PRESETS[args.model].model.max_model_len)
         num_requests = min(num_requests, len(trace))
         if has_arrival_times(args.workload):
             rate = "at the trace's arrival times (--request-rate is not used)"
@@ -144,6 +150,9 @@ def simulate(args) -> int:
     for label, cell in SUMMARY_ROWS:
         t.add_row(label, cell(r))
     console.print(t)
+    if r.kv_usage is None:
+        console.print(f"no KV usage figures: the run ended after {r.num_steps} step(s), before "
+                      "its first usage snapshot")
     if r.num_rejected:
         console.print(f"{r.num_rejected} request(s) refused, the first because: "
                       f"{r.extra['first_rejection']}")
@@ -174,7 +183,8 @@ def add_experiment(sub) -> None:
     p = command(sub, "experiment", "reproduce one of the paper's results (1-5)",
                 EXPERIMENT_HELP, experiment)
     p.add_argument("number", type=int, choices=(1, 2, 3, 4, 5), help="which experiment")
-    num(p, "--num-requests", int, None, "requests per simulation (unset: the experiment's own)")
+    num(p, "--num-requests", int, None, "requests per simulation (unset: the experiment's own; "
+        "experiment 4 runs 5x as many of Alpaca's shorter requests)")
     num(p, "--seed", int, 0, "simulation seed", NON_NEGATIVE)
     p.add_argument("--quick", action="store_true", help="fewer requests and points (seconds)")
     json_out(p, "the results")
@@ -183,7 +193,8 @@ def add_experiment(sub) -> None:
 def experiment(args) -> int:
     from minipaged.sim import experiments
 
-    check_sim_size(args.num_requests or 1000, 6, flag="--num-requests")  # exp. 2: 6 beams
+    # The largest run: 6 beams (experiment 2), more than experiment 4's 5x Alpaca requests.
+    check_sim_size(args.num_requests or 1000, 6, flag="--num-requests")
     console = Console()
     res = experiments.run(args.number, num_requests=args.num_requests, seed=args.seed,
                           quick=args.quick, console=console)

@@ -56,6 +56,7 @@ def train(args) -> int:
 
     need_torch()
     training.check_warmup(args.warmup, args.steps, names=("--warmup", "--steps"))
+    training.check_out(args.out, name="--out")
     refuse_if_too_big(f"--batch-size={args.batch_size} (about "
                       f"{nbytes(training.BYTES_PER_EXAMPLE)} of activations per example)",
                       args.batch_size * training.BYTES_PER_EXAMPLE)
