@@ -74,6 +74,7 @@ def arena_picture(cache: ContiguousKVCache, need: int) -> str:
 REQUESTS = [(0, 3, 5), (1, 4, 9), (2, 2, 3), (3, 6, 12), (4, 2, 7), (5, 5, 10), (6, 1, 6)]
 HKV, D = 1, 2  # (seq_id, prompt_len, final_len) above; tiny K/V: [T, Hkv=1, D=2]
 small = {}  # policy -> (requests admitted, free slots when the new request is refused, or None)
+holes = {}  # policy -> the free buddy blocks (offset, slots) the new request found
 for policy in ("max", "pow2", "oracle"):
     cache = ContiguousKVCache(64, HKV, D, policy=policy, max_seq_len=16)
     for sid, n, final in REQUESTS:
@@ -84,6 +85,7 @@ for policy in ("max", "pow2", "oracle"):
     admitted = cache.seq_ids
     cache.release(1)
     need = cache.reservation_size(2, 14)
+    holes[policy] = sorted(cache.allocator.free_blocks())
     console.print(f"[bold]{policy:>6}[/bold]  |{arena_picture(cache, need)}|", highlight=False)
     try:
         cache.reserve(7, 2, 14)
@@ -97,23 +99,28 @@ for policy in ("max", "pow2", "oracle"):
 # The next paragraph's claims, checked on the run above.
 assert small["max"] == (4, None) and small["oracle"] == (6, 27)
 assert small["max"][0] < small["pow2"][0] < small["oracle"][0]  # pow2 "sits between"
+assert [h for h in holes["pow2"] if 5 <= h[0] < 28] == [(5, 1), (6, 2), (8, 8), (16, 8), (24, 4)]
 
 # %% [markdown]
 # `max` admits only four requests and loses most of each region to internal fragmentation.
 # `oracle` wastes nothing inside its regions and admits six, yet it refuses the new request
 # with 27 slots free: they lie in holes (x) smaller than the 16-slot buddy block a 14-slot
-# region must be cut from. That is external fragmentation. `pow2` sits between the two.
+# region must be cut from. That is external fragmentation. `pow2` sits between the two. A run of
+# x can be longer than the block a request needs: pow2's 23 free slots at offsets 5-27 are five
+# buddy blocks of 1, 2, 8, 8 and 4 slots, and a block merges only with its own buddy, the half it
+# was split from (8 at offset 8 with the one at 0, 8 at 16 with the one at 24), so these never
+# become the aligned 16-slot block the request needs.
 #
 # ## A small seeded workload, measured over time
-# 200 requests, all waiting at the start (a static workload), final lengths shaped like the
-# paper's ShareGPT requests scaled down eight times: max_seq_len 256 instead of 2048, mean
-# prompt about 20 and mean output about 42 tokens (ShareGPT: 161 and 338, Fig. 11), and an
-# arena of 2048 slots, room for 8 maximum-length requests (the paper's OPT-13B on an A100-40GB
-# has 15.7K slots, room for 7.7: Table 1). Each step admits waiting requests
-# first-come-first-served while the head of the queue fits, then every running request writes
-# one token's K/V; finished requests release their region. We average the categories over the
-# steps where a request was waiting, i.e. while the cache was the bottleneck, with external
-# fragmentation measured against the region the head of the queue needs.
+# 200 requests, all waiting at the start (a static workload), final lengths shaped like the paper's
+# ShareGPT requests scaled down eight times: max_seq_len 256 instead of 2048, lengths drawn with
+# means of about 20 prompt and 42 output tokens (ShareGPT: 161 and 338, Fig. 11; the seeded
+# sample's own means are printed below), and an arena of 2048 slots, room for 8 maximum-length
+# requests (the paper's OPT-13B on an A100-40GB has 15.7K slots, room for 7.7: Table 1). Each step
+# admits waiting requests first-come-first-served while the head of the queue fits, then every
+# running request writes one token's K/V; finished requests release their region. We average the
+# categories over the steps where a request was waiting, i.e. while the cache was the bottleneck,
+# with external fragmentation measured against the region the head of the queue needs.
 
 # %%
 rng = np.random.default_rng(2023)

@@ -147,7 +147,7 @@ console.print(t)
 
 # %% [markdown]
 # ## Where the memory goes
-# The same four categories as lesson 02. Paging has no external fragmentation (any free block
+# The same five categories as lesson 02. Paging has no external fragmentation (any free block
 # serves any sequence). The unfilled slots of a sequence's last block are *reserved* for tokens
 # it will still produce, and *internal fragmentation* only if it ends before filling them;
 # `usage()` is not told the final lengths here, so it counts them all as internal fragmentation

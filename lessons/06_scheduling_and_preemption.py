@@ -30,7 +30,7 @@ from minipaged.sim.memory import preset
 from minipaged.sim.simulator import SimConfig, simulate
 
 console = Console()
-ctx = canonical()  # the course's one run configuration: lessons 04-10, quiz, fact-check, slides
+ctx = canonical()  # the course's one run configuration: lessons 04, 06, 07, 10, quiz, slides
 
 # %% [markdown]
 # ## A schedule you can read, step by step
@@ -137,8 +137,8 @@ rates = ctx.rates()
 console.print(f"paged over orca-max / orca-pow2 / orca-oracle ({ctx.label}): "
               + " / ".join(f"{rates[p]['paged_speedup']:.2f}x" for p in experiments.POLICIES[:3])
               + "; average batch while saturated: "
-              + " / ".join(f"{rates[p]['saturated_avg_batch_size']:.1f}"
-                           for p in experiments.POLICIES))
+              + ", ".join(f"{p} {rates[p]['saturated_avg_batch_size']:.1f}"
+                          for p in experiments.POLICIES))
 assert rates["orca-max"]["paged_speedup"] > rates["orca-oracle"]["paged_speedup"] > 1
 
 # %% [markdown]

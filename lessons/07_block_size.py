@@ -50,7 +50,7 @@ console.print(t)
 # One int32 entry per logical block: ceil(context / BS) x 4 bytes per request. That is tiny
 # next to the K/V it points at (8 KiB of table for 25 GiB of OPT-13B K/V at 32K tokens).
 # The interview answer claims "about 0.5 GB per 1000 requests at 32K tokens", where 1000 such
-# tables take 8 MiB, and "64 KB per request at 128K", which holds only for 8-byte entries: with
+# tables take 7.8 MiB, and "64 KB per request at 128K", which holds only for 8-byte entries: with
 # int32 entries, as vLLM's are, it is 32 KiB (lesson 10 checks every such claim). Exercise 12
 # converts this flat, padded table to FlashInfer's CSR page table (`kv_indptr`, `kv_indices`,
 # `kv_last_page_len`) and back; exercise 13 measures a two-level table against it.
@@ -160,11 +160,11 @@ assert off["parallel"] < 5 and off["beam"] < 10   # the paragraph below, checked
 
 # %% [markdown]
 # The paper (Alpaca, OPT-13B): parallel sampling saves 6.1% to 9.8%, beam search 37.6% to
-# 55.2%. Parallel sampling lands within a few points, a little above. Beam search
-# lands within about five points at every width, but that figure rests on a model: the
-# simulator has no language model, so which beams survive a step follows one stated rule
-# (`SimExecutor.beam_step` in `sim/executor.py`): each new beam extends its own beam unless
-# displaced, and on average one beam per step is displaced by another's second-best
-# continuation. Drawing every parent at random instead merges the beams' histories much faster
-# and saves about 69% at width 6. How much history beams share is the one figure here that
-# depends on a model of the language, not of the memory.
+# 55.2%. Parallel sampling lands within a few points, a little above. Beam search lands within
+# about five points at every width, but that figure rests on a model: the simulator has no language
+# model, so which beams survive a step follows one stated rule (`SimExecutor.beam_step` in
+# `sim/executor.py`): each new beam extends its own beam unless displaced, and on average one beam
+# per step is displaced by another's second-best continuation. Drawing every parent at random
+# instead merges the beams' histories much faster and saves about 69% at width 6 (measured on this
+# run by tests/test_beam_model.py, `test_uniform_parents_overshoot_width_6`). How much history
+# beams share is the one figure here that depends on a model of the language, not of the memory.

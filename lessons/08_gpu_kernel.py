@@ -38,7 +38,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from minipaged.cuda import KernelError
+from minipaged.cuda import KernelError, checks
 from minipaged.cuda import paged_attention as kernel_attention
 from minipaged.cuda.emu import cpu_build
 from minipaged.cuda.kernels import attention_names
@@ -77,7 +77,8 @@ group = max(32 // BS, 1)
 rows = [("grid (heads, sequences)", f"({H}, {S})"), ("threads per block", "128 = 4 warps"),
         ("lanes per token (thread group)", f"32 / BS = {group}"),
         ("tokens per warp at a time", f"{32 // group}"),
-        ("shared memory for logits (v1)", f"{-(-int(lens.max()) // BS) * BS * 4} bytes"),
+        ("shared memory (v1), bytes", f"{checks.dynamic_smem(1, int(lens.max()), BS, D):,}: "
+         f"logits {-(-int(lens.max()) // BS) * BS * 4}, later 4 warps' outputs {4 * D * 4:,}"),
         ("query heads per KV head (GQA)", f"{H // HKV}: head h reads KV head h // {H // HKV}")]
 for r in rows:
     table.add_row(*r)

@@ -134,10 +134,11 @@ console.print(f"peak blocks in use: {peak['used']} with sharing; three private c
 u = peak["usage"]
 console.print(f"paged, at peak: {u.token} token slots in use, {u.internal_fragmentation} "
               f"unfilled slots in last blocks, {u.free} free (block size {BS})")
-longest = max(len(forked.prompt_token_ids) + len(o.token_ids) for o in forked.outputs)
-console.print(f"contiguous reference: 3 x {cfg.max_seq_len} = {3 * cfg.max_seq_len} rows "
-              f"reserved for sequences of at most {longest} tokens "
-              f"({longest * 3 / (3 * cfg.max_seq_len):.0%} of them ever used)")
+lens = [len(forked.prompt_token_ids) + len(o.token_ids) for o in forked.outputs]
+console.print(f"contiguous reference: {len(lens)} x {cfg.max_seq_len} = "
+              f"{len(lens) * cfg.max_seq_len} rows "
+              f"reserved for sequences of {', '.join(map(str, lens))} tokens "
+              f"({sum(lens) / (len(lens) * cfg.max_seq_len):.0%} of them ever used)")
 
 # %% [markdown]
 # ## Optional: a Hugging Face checkpoint through the same pages

@@ -12,7 +12,7 @@
 # through the findings.
 #
 # Code: `minipaged/kit/quiz/factcheck.py` and `factcheck_blocks.py` (the checks, the table).
-# Read before: lessons 06 and 07.
+# Read before: lessons 06 and 07. Next: lesson 11 (chunked prefill).
 
 # %%
 from __future__ import annotations
@@ -77,7 +77,7 @@ console.print(f"reference count of block {m.block_table('prompt')[0]}: "
 # %% [markdown]
 # **"Block tables take about 0.5 GB per 1000 requests at 32K tokens."** One int32 per block
 # (vLLM's table is int32: vllm/v1/worker/block_table.py): 32768 / 16 = 2048 entries = 8 KiB
-# per request, 8 MiB per 1000. The claim is off by a factor of more than 60 (printed below),
+# per request, 7.8 MiB per 1000. The claim is off by a factor of more than 60 (printed below),
 # and even its own follow-up (8 bytes per entry at 128K tokens: 64 KB per request)
 # contradicts it. Table memory is never the problem; K/V memory is (25 GiB per 32K-token
 # request on OPT-13B).

@@ -177,8 +177,9 @@ def test_package_does_not_grow():
     # for refusals of what had given a wrong answer or lost data: an --out the report would
     # overwrite, a --json that is the input trace or cannot be written (found out after the
     # run), block ids an --entry-bytes cannot hold, and no KV usage printed as 0% for a run too
-    # short to sample it.
+    # short to sample it; 18,001 for the random model's writer without transformers' progress
+    # bar in lesson 09's output.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 17995, f"the package is {total} lines (> 17,995)"
+    assert total <= 18001, f"the package is {total} lines (> 18,001)"

@@ -56,7 +56,13 @@ def write_random_model(path, seed: int = 0, **overrides) -> None:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**{**SMOLLM2_135M, **overrides})
     model = transformers.LlamaForCausalLM(config)
-    model.save_pretrained(path)
+    shown = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # one shard: no bar in a lesson's output
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            transformers.utils.logging.enable_progress_bar()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -223,7 +223,7 @@ def table(findings: list[Finding]) -> Table:
     t = Table(title="Fact-check of the interview answer: every checkable claim, measured"
                     + (f" ({'; '.join(runs)})" if runs else ""), show_lines=True)
     for col in ("claim (the interview answer)", "minipaged measures", "verdict"):
-        t.add_column(col, ratio=3)
+        t.add_column(col, ratio=3, overflow="fold")  # paths are long words: never cut them
     for f in findings:
         t.add_row(f"{escape(f.claim)}\n[dim]{escape(f.quote)}[/dim]", escape(f.measured),
                   f"[{VERDICTS[f.verdict]}]{f.verdict}[/]: {escape(f.right)}")
