@@ -31,7 +31,7 @@ def run(args) -> int:
     check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "
-              "at t=0", ("requests", "wall s", "CPU s", "requests/CPU-s", "tokens/CPU-s", "steps",
+              "at t=0; rates per CPU second", ("requests", "wall s", "CPU s", "requests/s", "tokens/s", "steps",
                          "preemptions"))
     for n in sizes:
         cfg = SimConfig(workload="sharegpt", policy=args.policy, num_requests=n,
