@@ -84,6 +84,13 @@ def _replay(m, rng, nb: int, bs: int, prompts: list[list[int]], steps: int, hash
             cache.free(table)
             ref.free(table)
             log.append(f"free({table})")
+            if all(ref.ref[b] == 0 for b in table):  # nobody holds these blocks now
+                log.append(f"free({table}) again")
+                rejects(lambda table=table: cache.free(table), ValueError,
+                        "a double free (every block's count is already 0) must raise ValueError",
+                        dict(operations=log[-8:]), state=state,
+                        hint="look at each count before lowering it: at 0 the block has no owner "
+                             "left, and freeing it again is a bug to report")
         else:
             toks = list(prompts[int(rng.integers(len(prompts)))])
             toks += [int(t) for t in rng.integers(0, 5, size=int(rng.integers(0, 2 * bs)))]
