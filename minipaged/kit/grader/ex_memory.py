@@ -170,5 +170,10 @@ def _bad_policy(m):
                         "prompt_len=20 > final_len=10"),
                        (lambda: m.contiguous_breakdown("oracle", 5, 20, 10, 2048),
                         "current_len=20 > final_len=10"),
+                       (lambda: m.contiguous_breakdown("max", 10, 5, 20, 2048),
+                        "current_len=5 < prompt_len=10"),
+                       (lambda: m.paged_breakdown(20, 10, 16),
+                        "paged_breakdown's current_len=20 > final_len=10"),
+                       (lambda: m.paged_breakdown(0, 10, 16), "paged_breakdown's current_len=0"),
                        (lambda: m.paged_breakdown(5, 10, 0), "block_size=0")):
         rejects(call, ValueError, f"{what} must be rejected", what)
