@@ -136,6 +136,8 @@ def _needed(m):
                                   for bs in (1, 16, 32)], "wrong number of blocks")
     rejects(lambda: m.blocks_needed(5, 0), ValueError, "block_size=0 must be rejected",
             dict(num_tokens=5, block_size=0))
+    rejects(lambda: m.blocks_needed(-1, 16), ValueError, "num_tokens=-1 must be rejected",
+            dict(num_tokens=-1, block_size=16), hint="no sequence holds fewer than 0 tokens")
 
 
 @EX_04.case("the paper's example (Fig. 6): logical 0 -> 7, 1 -> 1, 2 -> 3",
@@ -163,6 +165,10 @@ def _mapping(m):
         start = int(rng.integers(0, nblk * bs + 1))
         cases.append((table, bs, start, int(rng.integers(start, nblk * bs + 1))))
     agree(m.slot_mapping, _ref_slot_mapping, cases, "wrong slot mapping", convert=np.asarray)
+    got = m.slot_mapping(*cases[0])
+    expect(isinstance(got, np.ndarray), "slot_mapping must return a NumPy array",
+           inputs=dict(zip(SLOT_ARGS, cases[0])), expected="numpy.ndarray",
+           got=type(got).__name__, hint="the kernels take one array of slots, not a list")
     equal(str(np.asarray(m.slot_mapping(*cases[0])).dtype), "int64", "slot_mapping must be "
           "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, cases[0])))
     rejects(lambda: m.slot_mapping([0, 1], 4, 3, 9), ValueError,
@@ -181,6 +187,9 @@ def _padded(m):
           "(csrc/attention/attention_kernels.cuh)", dict(tables=tables))
     equal(np.asarray(m.padded_block_tables([[3]], pad=0)), np.array([[3]]),
           "pad argument / single table", dict(tables=[[3]], pad=0))
+    equal(np.asarray(m.padded_block_tables([[], []], pad=0)), np.zeros((2, 1), np.int32),
+          "tables that are all empty still get one column", dict(tables=[[], []], pad=0),
+          hint="read the docstring again: how wide is MB when every table is empty?")
 
 
 EX_05 = Exercise("05_reshape_and_cache", "reshape_and_cache: scatter new K/V into the pages",
