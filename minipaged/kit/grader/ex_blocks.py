@@ -233,3 +233,19 @@ def _bad_scatter(m):
     rejects(lambda: m.reshape_and_cache(k3, k3, kc, vc, np.array([0])), ValueError,
             "head size 3 vs cache head size 2 must be rejected",
             dict(key_shape=k3.shape, cache_shape=kc.shape), state=caches)
+    # NumPy would broadcast one KV head over two without a word: only a check catches these
+    kc2 = np.zeros((2, 2, 4, 2), np.float32)
+    vc2 = np.zeros_like(kc2)
+    caches2 = lambda: {"key_cache": kc2.tolist(), "value_cache": vc2.tolist()}  # noqa: E731
+    k1, k2 = np.ones((2, 1, 2), np.float32), np.ones((2, 2, 2), np.float32)
+    for key, value, slots, what in (
+            (k2, k1, [0, 1], "key [2, 2, 2] vs value [2, 1, 2]"),
+            (k1, k1, [0, 1], "key/value with Hkv=1 vs a cache with Hkv=2"),
+            (k2, k2, [0, 1, 2], "3 slots for T=2 tokens")):
+        rejects(lambda key=key, value=value, slots=slots: m.reshape_and_cache(
+                    key, value, kc2, vc2, np.array(slots)), ValueError,
+                f"{what} must be rejected with ValueError",
+                dict(key_shape=key.shape, value_shape=value.shape, cache_shape=kc2.shape,
+                     slot_mapping=slots), state=caches2,
+                hint="compare the shapes yourself: NumPy broadcasts a size-1 axis silently, "
+                     "and its own errors are not always ValueError")
