@@ -104,6 +104,9 @@ def _two_level(m):
         inputs = dict(block_table_row=row if n < 20 else f"<{n} entries>",
                       max_blocks=max_blocks, leaf_size=leaf)
         equal(len(directory), cdiv(max_blocks, leaf), "directory length", inputs)
+        equal(list(directory), [i if i < cdiv(n, leaf) else -1 for i in range(len(directory))],
+              "directory entries", inputs, hint="a directory entry names a leaf only where the "
+              "row has one; the others say 'no leaf'")
         equal([len(x) for x in leaves], [leaf] * cdiv(n, leaf),
               "leaves: ceil(n / leaf_size) lists of leaf_size entries each", inputs)
         equal([m.lookup(directory, leaves, leaf, i) for i in range(n)], row,
@@ -113,6 +116,25 @@ def _two_level(m):
                     (IndexError, ValueError), f"logical block {n} is not mapped", inputs,
                     hint="an unmapped entry holds -1, which Python would happily use as an "
                          "index: check for it")
+
+
+@EX_13.case("a row longer than max_blocks, leaf_size=0 and negative blocks are rejected",
+            hint="Python lists accept negative indices (directory[-1] is the last leaf): check "
+                 "the range of every argument first")
+def _two_level_bad(m):
+    rejects(lambda: m.to_two_level([1, 2, 3], 2, 4), ValueError,
+            "3 blocks in a table of max_blocks=2 must be rejected",
+            dict(block_table_row=[1, 2, 3], max_blocks=2, leaf_size=4),
+            hint="the directory is sized for max_blocks: a longer row does not fit in it")
+    rejects(lambda: m.to_two_level([1], 4, 0), ValueError, "leaf_size=0 must be rejected",
+            dict(block_table_row=[1], max_blocks=4, leaf_size=0),
+            hint="a leaf of 0 entries holds nothing: check leaf_size before dividing by it")
+    row = [5, 6, 7, 8]  # every leaf full: a wrapped-around index finds a real block
+    directory, leaves = m.to_two_level(row, 4, 2)
+    for bad in (-1, -3, 4):
+        rejects(lambda bad=bad: m.lookup(directory, leaves, 2, bad), (IndexError, ValueError),
+                f"logical block {bad} is out of range and must be rejected",
+                dict(block_table_row=row, max_blocks=4, leaf_size=2, logical_block=bad))
 
 
 @EX_13.case("byte counts: flat versus two-level (and the 128K-token figure)",
