@@ -173,8 +173,12 @@ def test_package_does_not_grow():
     # .cu and .cuh files; 17,961 when SimConfig (now sim/config.py) took over the checks that
     # the command line made a second time in its flags' words (common.flag_words rewords
     # SimConfig's own); SimConfig now refuses a KV budget holding no block (simulate() refused it
-    # later, naming num_slots) and sharing='prefix' with n=1 (which ran) when it is made.
+    # later, naming num_slots) and sharing='prefix' with n=1 (which ran) when it is made;
+    # 18,140: 179 for grader cases that catch wrong solutions which passed every case (a float
+    # for an int, a double free, a tie that swaps, padding filtered by value, a directory never
+    # compared, shapes NumPy broadcasts silently, and exercise 07's caches that refuse a gather
+    # of the whole sequence).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 17961, f"the package is {total} lines (> 17,961)"
+    assert total <= 18140, f"the package is {total} lines (> 18,140)"
