@@ -31,7 +31,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int,
 
 
 def num_token_slots(kv_cache_bytes: int, bytes_per_token: int) -> int:
-    """Return how many whole tokens' K/V fit in ``kv_cache_bytes`` (round down).
+    """Return how many whole tokens' K/V fit in ``kv_cache_bytes`` (round down; an int).
 
     Errors: ValueError when kv_cache_bytes < 0 or bytes_per_token < 1.
     Hint: a token that does not fit completely does not fit at all.
@@ -40,11 +40,12 @@ def num_token_slots(kv_cache_bytes: int, bytes_per_token: int) -> int:
 
 
 def num_blocks(kv_cache_bytes: int, bytes_per_token: int, block_size: int) -> int:
-    """Return how many whole blocks of ``block_size`` token slots fit (round down).
+    """Return how many whole blocks of ``block_size`` token slots fit (round down; an int).
 
     A paged cache is carved into blocks; a block is the unit the block allocator hands out.
     Errors: ValueError when block_size < 1 (and as in num_token_slots).
     Hint: stay in integers (//); for positive integers (a // b) // c == a // (b * c), while
-    float division can land one block off for large byte counts.
+    float division can land one block off once the byte count passes 2**53, where floats stop
+    holding every integer (far beyond any GPU today, but the grader tries such a budget).
     """
     raise NotImplementedError

@@ -21,7 +21,13 @@ EXERCISE = "03_block_allocator"
 
 
 class OutOfBlocksError(RuntimeError):
-    """Raised by allocate() when no block is free (a RuntimeError, as vLLM's is)."""
+    """Raised by allocate() when no block is free.
+
+    A RuntimeError by minipaged's choice (its own OutOfBlocksError, minipaged/_checks.py, is
+    one). vLLM raises a ValueError: v1's BlockPool.get_new_blocks "Cannot get N free blocks
+    from the pool" (vllm/v1/core/block_pool.py), v0's allocator "Out of memory! No free blocks
+    are available." (vllm/core/block_manager.py).
+    """
 
 
 class BlockAllocator:

@@ -24,8 +24,8 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
     """Scatter key/value [T, Hkv, D] into key_cache/value_cache [NB, Hkv, BS, D], in place.
 
     Invariants: only the slots named by non-negative entries change; nothing is returned.
-    Errors: ValueError when a slot is >= NB * BS, or when shapes disagree (key vs value,
-    Hkv or D vs the cache, len(slot_mapping) vs T).
+    Errors: ValueError (or IndexError) when a slot is >= NB * BS; ValueError when shapes
+    disagree (key vs value, Hkv or D vs the cache, len(slot_mapping) vs T).
     Hint: keep = slot_mapping >= 0; blocks, offsets = divmod(slot_mapping[keep], BS);
     key_cache[blocks, :, offsets, :] = key[keep] (fancy indexing: no loop needed).
     """

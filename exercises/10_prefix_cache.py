@@ -80,6 +80,6 @@ class PrefixCache:
     def free(self, block_table: list[int]) -> None:
         """Release a finished request's blocks (reversed order; cached blocks keep their hash).
 
-        Errors: ValueError if a block's count is already 0.
+        Errors: ValueError if a block's count is already 0 (a double free); nothing changes.
         """
         raise NotImplementedError

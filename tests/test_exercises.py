@@ -261,3 +261,26 @@ def test_hints_differ_per_case_and_per_failure(tmp_path):
     high = _first_failure(_mutant(tmp_path, "03_block_allocator", RANGE_CHECK,
                                   "if not 0 <= block <= len(self._counts):"))[0].hint
     assert low != high
+
+
+# Wrong solutions that once passed every case: each fails now, in words that name the slip.
+HOLES = [
+    ("01_kv_bytes", "return 2 * num_layers", "return 2.0 * num_layers", "must return an int"),
+    ("05_reshape_and_cache", "    if key.shape != value.shape:", "    if False:",
+     "key [2, 2, 2] vs value [2, 1, 2]"),
+    ("07_online_softmax", "key_cache[b, :, :n, :]", "key_cache[:, :, :n, :][b]",
+     "blocks at once"),
+    ("10_prefix_cache", "            if self.ref_counts[b] == 0:\n                raise",
+     "            if False:\n                raise", "a double free"),
+    ("11_preemption", "if swap < recompute", "if swap <= recompute", "strictly less"),
+    ("12_flashinfer_csr", "[tables[s, :p] for s, p", "[tables[s][tables[s] >= 0] for s, p",
+     "wrong kv_indices"),
+    ("13_two_level_table", "if logical_block < 0 or logical_block //", "if logical_block //",
+     "out of range"),
+]
+
+
+@pytest.mark.parametrize("name, old, new, words", HOLES, ids=[h[0] for h in HOLES])
+def test_wrong_solutions_that_once_passed_fail(tmp_path, name, old, new, words):
+    first, _ = _first_failure(_mutant(tmp_path, name, old, new))
+    assert words in first.detail, first.detail

@@ -178,8 +178,11 @@ def test_package_does_not_grow():
     # overwrite, a --json that is the input trace or cannot be written (found out after the
     # run), block ids an --entry-bytes cannot hold, and no KV usage printed as 0% for a run too
     # short to sample it; 18,001 for the random model's writer without transformers' progress
-    # bar in lesson 09's output.
+    # bar in lesson 09's output; 18,180: 179 for grader cases that catch wrong solutions which
+    # passed every case (a float for an int, a double free, a tie that swaps, padding filtered
+    # by value, a directory never compared, shapes NumPy broadcasts silently, and exercise 07's
+    # caches that refuse a gather of the whole sequence).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18001, f"the package is {total} lines (> 18,001)"
+    assert total <= 18180, f"the package is {total} lines (> 18,180)"

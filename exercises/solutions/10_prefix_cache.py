@@ -117,7 +117,7 @@ class PrefixCache:
     def free(self, block_table: list[int]) -> None:
         """Release a finished request's blocks (reversed order; cached blocks keep their hash).
 
-        Errors: ValueError if a block's count is already 0.
+        Errors: ValueError if a block's count is already 0 (a double free); nothing changes.
         """
         for b in block_table:
             if self.ref_counts[b] == 0:

@@ -31,8 +31,8 @@ def run(args) -> int:
     check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
     console = Console()
     t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "
-              "at t=0; rates per CPU second", ("requests", "wall s", "CPU s", "requests/s", "tokens/s", "steps",
-                         "preemptions"))
+              "at t=0; rates per CPU second", ("requests", "wall s", "CPU s", "requests/s",
+                                               "tokens/s", "steps", "preemptions"))
     for n in sizes:
         cfg = SimConfig(workload="sharegpt", policy=args.policy, num_requests=n,
                         block_size=args.block_size)

@@ -2,7 +2,8 @@
 
 The oracle is the package's ``dense_attention`` (``minipaged/attention.py``) run on each
 sequence's logical K/V, kept by the grader in a plain contiguous array. Every unused slot of the
-pool holds NaN, so reading one shows up in the output.
+pool holds NaN, so reading one shows up in the output. Exercise 07's caches serve one block per
+read (``OneBlockAtATime``), so a gather of the whole sequence fails, naming the learner's line.
 
 Tolerance: the learner's code may sum in another order than the oracle, so results are compared
 with |got - want| <= tol * (1 + |want|), tol = 1e-9 in float64 (about a million times the
@@ -11,11 +12,16 @@ rounding error of these sizes) and 2e-5 in float32.
 
 from __future__ import annotations
 
+import linecache
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 
 from minipaged._checks import cdiv
 from minipaged.attention import dense_attention
-from minipaged.kit.grader.core import Exercise, equal, rejects
+from minipaged.kit.grader.core import CaseFailure, Exercise, equal, rejects
 
 
 def random_block_tables(rng: np.random.Generator, need, num_blocks: int) -> np.ndarray:
@@ -51,13 +57,76 @@ def make_batch(rng: np.random.Generator, dtype=np.float64):
     return q, kc, vc, tables, seq_lens, ks, vs
 
 
-def _check(fn, q, kc, vc, tables, lens, ks, vs, message, scale=None) -> None:
+class OneBlockAtATime(np.ndarray):
+    """A cache [NB, Hkv, BS, D] that serves one block per read: an index (or ``take``) that
+    touches two blocks or more of axis 0 at once fails the case, so a kernel that gathers a
+    whole sequence shows. Every array it hands out is a plain ndarray."""
+
+    name = "cache"
+
+    @classmethod
+    def of(cls, cache: np.ndarray, name: str) -> OneBlockAtATime:
+        out = cache.view(cls)
+        out.name, out.guarded = name, True
+        return out
+
+    def _refuse_many(self, blocks: np.ndarray, index: Callable[[], str]) -> None:
+        blocks = np.unique(blocks)
+        if getattr(self, "guarded", False) and blocks.size > 1:
+            caller = sys._getframe(2)  # the learner's line (np.take: past NumPy's frames)
+            while caller.f_back and "numpy" in Path(caller.f_code.co_filename).parts:
+                caller = caller.f_back
+            line = linecache.getline(caller.f_code.co_filename, caller.f_lineno).strip()
+            raise CaseFailure(
+                f"{self.name} was read {blocks.size} blocks at once; this exercise reads one "
+                f"block at a time and never gathers the whole sequence",
+                inputs=dict(blocks_read=blocks.tolist()[:12], index=index()[:120],
+                            at=f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}: "
+                               f"{line}"),
+                expected="an index that touches one block", got=f"{blocks.size} blocks",
+                hint="walk the block table: each step reads one physical block and merges its "
+                     "partial result into the running one")
+
+    def __getitem__(self, index):
+        self._refuse_many(_blocks_read(index, self.shape[0], self.ndim), lambda: repr(index))
+        out = super().__getitem__(index)
+        return out.view(np.ndarray) if isinstance(out, np.ndarray) else out
+
+    def take(self, indices, axis=None, out=None, mode="raise"):
+        nb, i = self.shape[0], np.asarray(indices)
+        blocks = (np.mod(i, nb) if axis in (0, -self.ndim) else
+                  np.mod(i // (self.size // nb), nb) if axis is None else np.arange(nb))
+        self._refuse_many(blocks.ravel(), lambda: f"take({indices!r}, axis={axis})")
+        got = self.view(np.ndarray).take(indices, axis=axis, out=out, mode=mode)
+        return got.view(np.ndarray) if isinstance(got, np.ndarray) else got
+
+
+def _blocks_read(index, nb: int, ndim: int) -> np.ndarray:
+    """The blocks (entries of axis 0) that ``array[index]`` reads."""
+    parts = [k for k in (index if isinstance(index, tuple) else (index,)) if k is not None]
+    if parts and parts[0] is Ellipsis:
+        if len(parts) <= ndim:  # the ellipsis stands for axis 0 (and maybe more)
+            return np.arange(nb)
+        parts = parts[1:]
+    if not parts or isinstance(parts[0], slice):
+        return np.arange(nb)[parts[0] if parts else slice(None)]
+    first = np.asarray(parts[0])
+    if first.dtype == bool:
+        return np.nonzero(first)[0] if first.ndim else np.arange(nb)
+    return np.mod(first, nb).ravel() if first.dtype.kind in "iu" else np.zeros(0, np.int64)
+
+
+def _check(fn, q, kc, vc, tables, lens, ks, vs, message, scale=None,
+           one_block: bool = False) -> None:
     """``fn`` on the paged batch must match dense attention over each sequence's own K/V (in
-    float64), within the tolerance of q's dtype, and return q's dtype."""
+    float64), within the tolerance of q's dtype, and return q's dtype. With ``one_block`` the
+    caches refuse any read of more than one block at once (OneBlockAtATime)."""
     q64 = q.astype(np.float64)  # decode: one query [1, H, D] over k/v [Tk, Hkv, D] per sequence
     want = np.stack([dense_attention(q64[s:s + 1], ks[s].astype(np.float64),
                                      vs[s].astype(np.float64), scale=scale, causal=True)[0]
                      for s in range(len(lens))])
+    if one_block:
+        kc, vc = OneBlockAtATime.of(kc, "key_cache"), OneBlockAtATime.of(vc, "value_cache")
     got = fn(q, kc, vc, tables, lens, **({} if scale is None else {"scale": scale}))
     inputs = dict(S_H_D=q.shape, NB_Hkv_BS_D=kc.shape, block_tables=tables, seq_lens=lens)
     nan = np.asarray(got).dtype.kind == "f" and np.isnan(got).any()
@@ -67,7 +136,8 @@ def _check(fn, q, kc, vc, tables, lens, ks, vs, message, scale=None) -> None:
     equal(str(np.asarray(got).dtype), str(q.dtype), "output dtype must be query's dtype", inputs)
 
 
-def _attention_cases(ex: Exercise, fn_name: str, hint: str) -> None:
+def _attention_cases(ex: Exercise, fn_name: str, hint: str, one_block: bool = False) -> None:
+    """The cases exercises 06 and 07 share; ``one_block``: the caches serve one block per read."""
     @ex.case("a single sequence in one block (no GQA)", hint=hint)
     def _single(m):
         rng = np.random.default_rng(10)
@@ -77,7 +147,8 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str) -> None:
         kc[1, :, :3] = k.transpose(1, 0, 2)
         vc[1, :, :3] = v.transpose(1, 0, 2)
         _check(getattr(m, fn_name), q, kc, vc, np.array([[1, -1]], np.int32),
-               np.array([3], np.int32), [k], [v], "one sequence of 3 tokens in block 1")
+               np.array([3], np.int32), [k], [v], "one sequence of 3 tokens in block 1",
+               one_block=one_block)
 
     @ex.case("random batches: GQA, ragged lengths, scattered blocks, NaN garbage (float64)",
              hint="query head h reads KV head h // (H // Hkv); each sequence stops at its "
@@ -85,7 +156,7 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str) -> None:
     def _random(m):
         rng = np.random.default_rng(11)
         for _ in range(25):
-            _check(getattr(m, fn_name), *make_batch(rng), "random batch")
+            _check(getattr(m, fn_name), *make_batch(rng), "random batch", one_block=one_block)
 
     @ex.case("float32 and an explicit scale",
              hint="use the scale argument when given (1/sqrt(D) only by default) and return "
@@ -94,7 +165,7 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str) -> None:
         rng = np.random.default_rng(12)
         for _ in range(10):
             _check(getattr(m, fn_name), *make_batch(rng, np.float32), "float32 batch, scale=0.3",
-                   scale=0.3)
+                   scale=0.3, one_block=one_block)
 
     @ex.case("H not a multiple of Hkv is rejected",
              hint="grouped-query attention needs H % Hkv == 0; check it up front")
@@ -172,4 +243,4 @@ def _merge(m):
 
 _attention_cases(EX_07, "paged_attention_online",
                  hint="only the first seq_len - i*BS slots of the last block are real tokens; "
-                      "merge one block at a time")
+                      "merge one block at a time", one_block=True)

@@ -136,6 +136,8 @@ def _needed(m):
                                   for bs in (1, 16, 32)], "wrong number of blocks")
     rejects(lambda: m.blocks_needed(5, 0), ValueError, "block_size=0 must be rejected",
             dict(num_tokens=5, block_size=0))
+    rejects(lambda: m.blocks_needed(-1, 16), ValueError, "num_tokens=-1 must be rejected",
+            dict(num_tokens=-1, block_size=16), hint="no sequence holds fewer than 0 tokens")
 
 
 @EX_04.case("the paper's example (Fig. 6): logical 0 -> 7, 1 -> 1, 2 -> 3",
@@ -163,6 +165,10 @@ def _mapping(m):
         start = int(rng.integers(0, nblk * bs + 1))
         cases.append((table, bs, start, int(rng.integers(start, nblk * bs + 1))))
     agree(m.slot_mapping, _ref_slot_mapping, cases, "wrong slot mapping", convert=np.asarray)
+    got = m.slot_mapping(*cases[0])
+    expect(isinstance(got, np.ndarray), "slot_mapping must return a NumPy array",
+           inputs=dict(zip(SLOT_ARGS, cases[0])), expected="numpy.ndarray",
+           got=type(got).__name__, hint="the kernels take one array of slots, not a list")
     equal(str(np.asarray(m.slot_mapping(*cases[0])).dtype), "int64", "slot_mapping must be "
           "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, cases[0])))
     rejects(lambda: m.slot_mapping([0, 1], 4, 3, 9), ValueError,
@@ -181,6 +187,9 @@ def _padded(m):
           "(csrc/attention/attention_kernels.cuh)", dict(tables=tables))
     equal(np.asarray(m.padded_block_tables([[3]], pad=0)), np.array([[3]]),
           "pad argument / single table", dict(tables=[[3]], pad=0))
+    equal(np.asarray(m.padded_block_tables([[], []], pad=0)), np.zeros((2, 1), np.int32),
+          "tables that are all empty still get one column", dict(tables=[[], []], pad=0),
+          hint="read the docstring again: how wide is MB when every table is empty?")
 
 
 EX_05 = Exercise("05_reshape_and_cache", "reshape_and_cache: scatter new K/V into the pages",
@@ -224,3 +233,19 @@ def _bad_scatter(m):
     rejects(lambda: m.reshape_and_cache(k3, k3, kc, vc, np.array([0])), ValueError,
             "head size 3 vs cache head size 2 must be rejected",
             dict(key_shape=k3.shape, cache_shape=kc.shape), state=caches)
+    # NumPy would broadcast one KV head over two without a word: only a check catches these
+    kc2 = np.zeros((2, 2, 4, 2), np.float32)
+    vc2 = np.zeros_like(kc2)
+    caches2 = lambda: {"key_cache": kc2.tolist(), "value_cache": vc2.tolist()}  # noqa: E731
+    k1, k2 = np.ones((2, 1, 2), np.float32), np.ones((2, 2, 2), np.float32)
+    for key, value, slots, what in (
+            (k2, k1, [0, 1], "key [2, 2, 2] vs value [2, 1, 2]"),
+            (k1, k1, [0, 1], "key/value with Hkv=1 vs a cache with Hkv=2"),
+            (k2, k2, [0, 1, 2], "3 slots for T=2 tokens")):
+        rejects(lambda key=key, value=value, slots=slots: m.reshape_and_cache(
+                    key, value, kc2, vc2, np.array(slots)), ValueError,
+                f"{what} must be rejected with ValueError",
+                dict(key_shape=key.shape, value_shape=value.shape, cache_shape=kc2.shape,
+                     slot_mapping=slots), state=caches2,
+                hint="compare the shapes yourself: NumPy broadcasts a size-1 axis silently, "
+                     "and its own errors are not always ValueError")

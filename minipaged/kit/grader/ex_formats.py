@@ -28,12 +28,16 @@ def _random_batch(rng):
 
 
 @EX_12.case("padded -> CSR on random batches (exact, int32)",
-            hint="a row's pages are its first ceil(seq_len / BS) entries; indptr is the "
-                 "running total of page counts, starting at 0")
+            hint="a row's pages are its first ceil(seq_len / BS) entries, whatever follows "
+                 "them; indptr is the running total of page counts, starting at 0")
 def _to_csr(m):
     rng = np.random.default_rng(30)
     for _ in range(50):
-        tables, lens, bs, _pages, want = _random_batch(rng)
+        tables, lens, bs, pages, want = _random_batch(rng)
+        for s, p in enumerate(pages):  # padding is arbitrary: -1 here, 0s or stale ids there
+            if rng.random() < 0.5:
+                tables[s, p:] = 0 if rng.random() < 0.5 else rng.integers(
+                    0, int(pages.sum()) + 5, size=tables.shape[1] - p)
         inputs = dict(block_tables=tables, seq_lens=lens, block_size=bs)
         got = m.block_table_to_csr(tables, lens, bs)
         for name, g, w in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), got, want):
@@ -45,12 +49,17 @@ def _to_csr(m):
             hint="the widest row sets MB; seq_len = BS * (pages - 1) + last_page_len")
 def _from_csr(m):
     rng = np.random.default_rng(31)
-    for _ in range(50):
+    for i in range(50):
         tables, lens, bs, pages, (ptr, idx, last) = _random_batch(rng)
-        inputs = dict(kv_indptr=ptr, kv_indices=idx, kv_last_page_len=last, block_size=bs)
-        got_t, got_l = (np.asarray(x) for x in m.csr_to_block_table(ptr, idx, last, bs))
-        equal(got_t, tables[:, :int(pages.max())], "wrong block_tables", inputs)
+        pad = {} if i % 2 else {"pad": 0}
+        inputs = dict(kv_indptr=ptr, kv_indices=idx, kv_last_page_len=last, block_size=bs, **pad)
+        got_t, got_l = (np.asarray(x) for x in m.csr_to_block_table(ptr, idx, last, bs, **pad))
+        want_t = tables[:, :int(pages.max())]
+        want_t[want_t < 0] = pad.get("pad", -1)
+        equal(got_t, want_t, "wrong block_tables", inputs)
         equal(got_l, lens, "wrong seq_lens", inputs)
+        for name, got in (("block_tables", got_t), ("seq_lens", got_l)):
+            equal(str(got.dtype), "int32", f"{name} must be int32", inputs)
 
 
 @EX_12.case("bad inputs are rejected",
@@ -68,7 +77,13 @@ def _csr_bad(m):
              dict(kv_last_page_len=[5], block_size=4)),
             (lambda: m.csr_to_block_table(i32(0, 3), i32(3, 4), i32(1), 4),
              "kv_indptr ending at 3 with 2 indices must be rejected",
-             dict(kv_indptr=[0, 3], kv_indices=[3, 4]))):
+             dict(kv_indptr=[0, 3], kv_indices=[3, 4])),
+            (lambda: m.csr_to_block_table(i32(1, 2), i32(3, 4), i32(1), 4),
+             "kv_indptr starting at 1, not 0, must be rejected",
+             dict(kv_indptr=[1, 2], kv_indices=[3, 4])),
+            (lambda: m.csr_to_block_table(i32(0, 0, 2), i32(3, 4), i32(1, 1), 4),
+             "sequence 0 owns no page (kv_indptr[0] == kv_indptr[1]) and must be rejected",
+             dict(kv_indptr=[0, 0, 2], kv_indices=[3, 4], kv_last_page_len=[1, 1]))):
         rejects(call, ValueError, what, inputs)
 
 
@@ -89,6 +104,9 @@ def _two_level(m):
         inputs = dict(block_table_row=row if n < 20 else f"<{n} entries>",
                       max_blocks=max_blocks, leaf_size=leaf)
         equal(len(directory), cdiv(max_blocks, leaf), "directory length", inputs)
+        equal(list(directory), [i if i < cdiv(n, leaf) else -1 for i in range(len(directory))],
+              "directory entries", inputs, hint="a directory entry names a leaf only where the "
+              "row has one; the others say 'no leaf'")
         equal([len(x) for x in leaves], [leaf] * cdiv(n, leaf),
               "leaves: ceil(n / leaf_size) lists of leaf_size entries each", inputs)
         equal([m.lookup(directory, leaves, leaf, i) for i in range(n)], row,
@@ -98,6 +116,25 @@ def _two_level(m):
                     (IndexError, ValueError), f"logical block {n} is not mapped", inputs,
                     hint="an unmapped entry holds -1, which Python would happily use as an "
                          "index: check for it")
+
+
+@EX_13.case("a row longer than max_blocks, leaf_size=0 and negative blocks are rejected",
+            hint="Python lists accept negative indices (directory[-1] is the last leaf): check "
+                 "the range of every argument first")
+def _two_level_bad(m):
+    rejects(lambda: m.to_two_level([1, 2, 3], 2, 4), ValueError,
+            "3 blocks in a table of max_blocks=2 must be rejected",
+            dict(block_table_row=[1, 2, 3], max_blocks=2, leaf_size=4),
+            hint="the directory is sized for max_blocks: a longer row does not fit in it")
+    rejects(lambda: m.to_two_level([1], 4, 0), ValueError, "leaf_size=0 must be rejected",
+            dict(block_table_row=[1], max_blocks=4, leaf_size=0),
+            hint="a leaf of 0 entries holds nothing: check leaf_size before dividing by it")
+    row = [5, 6, 7, 8]  # every leaf full: a wrapped-around index finds a real block
+    directory, leaves = m.to_two_level(row, 4, 2)
+    for bad in (-1, -3, 4):
+        rejects(lambda bad=bad: m.lookup(directory, leaves, 2, bad), (IndexError, ValueError),
+                f"logical block {bad} is out of range and must be rejected",
+                dict(block_table_row=row, max_blocks=4, leaf_size=2, logical_block=bad))
 
 
 @EX_13.case("byte counts: flat versus two-level (and the 128K-token figure)",

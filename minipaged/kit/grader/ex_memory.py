@@ -6,10 +6,12 @@ file is never compared with itself.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from minipaged._checks import cdiv
-from minipaged.kit.grader.core import Exercise, agree, rejects
+from minipaged.kit.grader.core import Exercise, agree, expect, rejects
 
 EX_01 = Exercise("01_kv_bytes", "bytes of KV per token and token slots per GPU",
                  ("kv_bytes_per_token", "num_token_slots", "num_blocks"))
@@ -52,14 +54,37 @@ def _random_slots(m):
     agree(m.num_blocks, lambda kv, per, bs: kv // (per * bs), budgets, "wrong num_blocks")
 
 
+@EX_01.case("results are ints, exact beyond 2**53 bytes",
+            hint="a float is not an int, even when it equals one: keep to integer operations")
+def _ints(m):
+    # 2**60 - 1 bytes / 2**17 B per token: float(2**60 - 1) is 2**60, one token (or block) more
+    huge, why = (2**60 - 1, 2**17), "floats hold every integer only up to 2**53: divide with //"
+    agree(m.num_token_slots, lambda kv, per: kv // per, [huge], "wrong slots for 2**60 - 1 bytes",
+          hint=why)
+    agree(m.num_blocks, lambda kv, per, bs: kv // (per * bs), [(*huge, 16)],
+          "wrong blocks for 2**60 - 1 bytes", hint=why)
+    for fn, args in ((m.kv_bytes_per_token, (40, 40, 128, 2)), (m.num_token_slots, huge),
+                     (m.num_blocks, (*huge, 16))):
+        got = fn(*args)
+        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool),
+               f"{fn.__name__} must return an int", inputs=f"{fn.__name__}{args}",
+               expected="an int", got=f"{type(got).__name__} {got!r}")
+
+
 @EX_01.case("bad arguments raise ValueError",
             hint="sizes and counts below 1 describe no model: reject them with ValueError")
 def _bad_kv(m):
     for call, what in ((lambda: m.kv_bytes_per_token(0, 8, 128, 2), "num_layers=0"),
+                       (lambda: m.kv_bytes_per_token(32, 0, 128, 2), "num_kv_heads=0"),
                        (lambda: m.kv_bytes_per_token(32, 8, -128, 2), "head_size=-128"),
+                       (lambda: m.kv_bytes_per_token(32, 8, 128, 0), "bytes_per_element=0"),
+                       (lambda: m.num_token_slots(-1, 1000), "kv_cache_bytes=-1"),
                        (lambda: m.num_token_slots(10**9, 0), "bytes_per_token=0"),
+                       (lambda: m.num_blocks(-1, 1000, 16), "kv_cache_bytes=-1 (num_blocks)"),
                        (lambda: m.num_blocks(10**9, 1000, 0), "block_size=0")):
-        rejects(call, ValueError, f"{what} must be rejected", what)
+        rejects(call, ValueError, f"{what} must be rejected", what,
+                hint="a budget of 0 bytes holds nothing, but a negative one is a mistake"
+                if what.startswith("kv_cache_bytes") else "")
 
 
 EX_02 = Exercise("02_contiguous_waste",
@@ -145,5 +170,10 @@ def _bad_policy(m):
                         "prompt_len=20 > final_len=10"),
                        (lambda: m.contiguous_breakdown("oracle", 5, 20, 10, 2048),
                         "current_len=20 > final_len=10"),
+                       (lambda: m.contiguous_breakdown("max", 10, 5, 20, 2048),
+                        "current_len=5 < prompt_len=10"),
+                       (lambda: m.paged_breakdown(20, 10, 16),
+                        "paged_breakdown's current_len=20 > final_len=10"),
+                       (lambda: m.paged_breakdown(0, 10, 16), "paged_breakdown's current_len=0"),
                        (lambda: m.paged_breakdown(5, 10, 0), "block_size=0")):
         rejects(call, ValueError, f"{what} must be rejected", what)

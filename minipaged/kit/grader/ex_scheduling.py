@@ -84,6 +84,13 @@ def _replay(m, rng, nb: int, bs: int, prompts: list[list[int]], steps: int, hash
             cache.free(table)
             ref.free(table)
             log.append(f"free({table})")
+            if all(ref.ref[b] == 0 for b in table):  # nobody holds these blocks now
+                log.append(f"free({table}) again")
+                rejects(lambda table=table: cache.free(table), ValueError,
+                        "a double free (every block's count is already 0) must raise ValueError",
+                        dict(operations=log[-8:]), state=state,
+                        hint="look at each count before lowering it: at 0 the block has no owner "
+                             "left, and freeing it again is a bug to report")
         else:
             toks = list(prompts[int(rng.integers(len(prompts)))])
             toks += [int(t) for t in rng.integers(0, 5, size=int(rng.integers(0, 2 * bs)))]
@@ -222,5 +229,12 @@ def _swap(m):
         (int(rng.integers(1, 200)), int(rng.choice([2**16, 2**19, 2**21])),
          int(rng.integers(1, 4000)), float(rng.choice([8e9, 16e9, 32e9])),
          float(rng.choice([1e3, 1e4, 5e4]))) for _ in range(200)], "wrong choice")
-    rejects(lambda: m.swap_or_recompute(1, 1, 1, 0.0, 1.0), ValueError,
-            "a PCIe rate of 0 must be rejected", dict(pcie_bytes_per_s=0.0))
+    # a tie, exact in floats: 2 * 4 * 2**16 B at 2**19 B/s = 1 s = 500 tokens at 500 tokens/s
+    tie = (4, 2**16, 500, float(2**19), 500.0)
+    agree(m.swap_or_recompute, _ref_choice, [tie], "equal costs: swap must cost strictly less",
+          hint="read the docstring's comparison again: which answer does a tie get?")
+    for args, what in (((1, 1, 1, 0.0, 1.0), "pcie_bytes_per_s=0.0"),
+                       ((1, 1, 1, -8e9, 1.0), "pcie_bytes_per_s=-8e9"),
+                       ((1, 1, 1, 8e9, 0.0), "prefill_tokens_per_s=0.0")):
+        rejects(lambda args=args: m.swap_or_recompute(*args), ValueError,
+                f"{what} must be rejected", what, hint="check both rates before dividing")
