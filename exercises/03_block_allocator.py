@@ -26,7 +26,7 @@ class OutOfBlocksError(RuntimeError):
     A RuntimeError by minipaged's choice (its own OutOfBlocksError, minipaged/_checks.py, is
     one). vLLM raises a ValueError: v1's BlockPool.get_new_blocks "Cannot get N free blocks
     from the pool" (vllm/v1/core/block_pool.py), v0's allocator "Out of memory! No free blocks
-    are available." (vllm/core/block_manager.py).
+    are available." (vllm/core/block_manager.py, later block_manager_v1.py).
     """
 
 
