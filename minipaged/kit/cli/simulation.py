@@ -144,7 +144,9 @@ def simulate(args) -> int:
     console = Console()
     with progress_bar(console, f"simulating {cfg.policy}") as update:
         r = simulate(cfg, progress=update)
-    t = table(f"{cfg.workload}, {num_requests} request{'s' * (num_requests != 1)} {rate}, "
+    apart = (f" (run as {num_requests * cfg.n}: one per sample, --sharing=prefix)"
+             if cfg.sharing == "prefix" else "")
+    t = table(f"{cfg.workload}, {num_requests} request{'s' * (num_requests != 1)}{apart} {rate}, "
               f"seed {cfg.seed}",
               ("figure", cfg.policy), left=("figure",))
     for label, cell in SUMMARY_ROWS:
