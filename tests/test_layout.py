@@ -182,8 +182,9 @@ def test_package_does_not_grow():
     # passed every case (a float for an int, a double free, a tie that swaps, padding filtered
     # by value, a directory never compared, shapes NumPy broadcasts silently, and exercise 07's
     # caches that refuse a gather of the whole sequence); 18,182 for simulate's title, which
-    # counts the requests --sharing=prefix runs (one per sample).
+    # counts the requests --sharing=prefix runs (one per sample); 18,183 for experiment's
+    # progress display.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18182, f"the package is {total} lines (> 18,182)"
+    assert total <= 18183, f"the package is {total} lines (> 18,183)"

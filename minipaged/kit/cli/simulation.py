@@ -198,8 +198,9 @@ def experiment(args) -> int:
     # The largest run: 6 beams (experiment 2), more than experiment 4's 5x Alpaca requests.
     check_sim_size(args.num_requests or 1000, 6, flag="--num-requests")
     console = Console()
-    res = experiments.run(args.number, num_requests=args.num_requests, seed=args.seed,
-                          quick=args.quick, console=console)
+    with progress_bar(console, f"experiment {args.number}: simulating"):  # elapsed time only
+        res = experiments.run(args.number, num_requests=args.num_requests, seed=args.seed,
+                              quick=args.quick, console=console)
     if args.json:
         write_json(console, args.json, res)
     return 0
