@@ -82,6 +82,20 @@ def flag_words(flags: Mapping[str, str]):
         raise ValueError(in_flag_words(str(e), flags)) from None
 
 
+def refuse_unused(args, doing: str, options: Mapping[str, tuple[str, object]],
+                  expected: str) -> None:
+    """Refuse the options (flag, or a positional's name -> (dest, unset value), as
+    ``args.unset`` makes them) that were given although what runs would not use them:
+    ``{doing}: --flag=VALUE, --switch would not be used; expected {expected}``."""
+    given = []
+    for flag, (dest, unset) in options.items():
+        if (value := getattr(args, dest)) != unset:
+            value = " ".join(map(str, value)) if isinstance(value, list) else value
+            given.append(flag if value is True else f"{flag}={value}")
+    if given:
+        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
+
+
 def need_torch() -> None:
     """Refuse a command that needs torch, with the install hint, where torch is missing."""
     if importlib.util.find_spec("torch") is None:

@@ -1,0 +1,62 @@
+"""What ``generate`` refuses, in its flags' words: flags the chosen generator or decoding would
+not use, more samples than memory holds, and the engine's refusal of a pool too small said as
+what to type. ``generation.py`` calls them, the first before any work.
+"""
+
+from __future__ import annotations
+
+from minipaged.kit.cli.common import refuse_if_too_big, refuse_unused
+
+# What one sample holds until the outputs are printed (its request record, token ids, text),
+# measured with /usr/bin/time: about 5 KB with 20 new tokens (2,000 and 8,000 samples of one
+# prompt, with --prefix-caching, which makes each sample a request).
+BYTES_PER_SAMPLE = 8_000
+
+# What greedy decoding and beam search never read (model/sampling.py: sample_token takes the
+# argmax when temperature is 0, before top_k and the seed; beam_step ranks every candidate).
+RANDOMNESS = {"--top-k": ("top_k", 0), "--seed": ("seed", None)}
+
+
+def check_flags(args) -> None:
+    """What the parser cannot see, before any work: flags the chosen generator or decoding
+    would not use, and more samples than memory holds."""
+    if args.reference:
+        refuse_unused(args, "--reference runs the plain generator, without the paged engine's "
+                      "pool, scheduler or kernels", args.engine_options,
+                      "--reference without them")
+    if args.beam_width > 1 and args.chunked_prefill:
+        raise ValueError(f"--beam-width={args.beam_width} samples every beam of a request in "
+                         f"the same step, which --chunked-prefill={args.chunked_prefill} "
+                         "splits; expected one of them")
+    if args.beam_width > 1:
+        refuse_unused(args, f"--beam-width={args.beam_width} runs beam search, which keeps the "
+                      "likeliest beams and draws nothing at random",
+                      {"--temperature": ("temperature", 0.0), **RANDOMNESS},
+                      "--beam-width without them")
+    elif args.temperature == 0:
+        refuse_unused(args, "--temperature=0 (the default) decodes greedily, the likeliest "
+                      "token at every step, and draws nothing at random", RANDOMNESS,
+                      "a --temperature above 0 with them")
+        if args.n > 1:
+            raise ValueError(f"--n={args.n} samples under --temperature=0 (greedy, the "
+                             "default) would be identical; expected a --temperature above 0")
+    width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
+    refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
+                      len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
+
+
+def too_small(args, e, blocks: int, kv_cache_gb: float | None) -> str:
+    """The engine's refusal of a request no pool of this size can run, in the flags' words."""
+    if args.num_blocks is not None:
+        source = "given"
+    elif kv_cache_gb is not None:
+        source = f"what --kv-cache-gb={kv_cache_gb:g} holds"
+    else:
+        source = "the default"
+    flag, value = ("--n", args.n) if args.n > 1 else ("--beam-width", args.beam_width)
+    together = e.num_seqs > 1    # a prompt's forked samples or beams, which need room at once
+    return (f"PROMPT {e.prompt_index + 1}" + (f" with {flag}={value}" if together else "")
+            + f": {e.num_seqs} sequence(s) of up to {e.final_len} tokens do not fit, even alone,"
+            f" in the pool's {blocks:,} blocks of --block-size={args.block_size} ({source}); "
+            "expected a larger --num-blocks or --kv-cache-gb, or a smaller --max-tokens"
+            + (f" or {flag}" if together else ""))
