@@ -176,8 +176,10 @@ def test_package_does_not_grow():
     # later, naming num_slots) and sharing='prefix' with n=1 (which ran) when it is made; 18,010
     # when the command line refused flags that would go unused (common.refuse_unused, args.unset;
     # generate's refusals moved to kit/cli/generation_checks.py): --top-k, --seed and --n > 1
-    # under greedy decoding, --top-k, --seed and --temperature with --beam-width.
+    # under greedy decoding, --top-k, --seed and --temperature with --beam-width; 18,039 for a
+    # max_seq_len above config.json's positions, refused as vLLM refuses it, and generate's
+    # refusal of beams on a long-context model in flag words (the API's said chunked_prefill).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18010, f"the package is {total} lines (> 18,010)"
+    assert total <= 18039, f"the package is {total} lines (> 18,039)"

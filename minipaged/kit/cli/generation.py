@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import sys
 import time
+from contextlib import nullcontext
 
 from rich.console import Console
 from rich.text import Text
@@ -29,11 +30,13 @@ from minipaged.kit.cli.args import (
 from minipaged.kit.cli.common import (
     SIM_BYTES_PER_BLOCK,
     describe,
+    flag_words,
     need_torch,
     reading,
     refuse_if_too_big,
 )
 from minipaged.kit.cli.generation_checks import (
+    check_beams_in_one_step,
     check_flags,
     too_small,
 )
@@ -173,8 +176,12 @@ def _load(args):
     if args.checkpoint is not None:
         raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
     try:
-        from minipaged.model.hf import load_hf
+        from minipaged.model.hf import config_from_hf, load_hf
 
+        given = args.max_model_len is not None      # the API's max_seq_len is then the flag's
+        with flag_words({"max_seq_len": "--max-model-len"}) if given else nullcontext():
+            positions = config_from_hf(args.model, max_seq_len=args.max_model_len).max_seq_len
+        check_beams_in_one_step(args, positions)    # before the weights load
         model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
     except ImportError as e:
         raise ValueError(f"--model needs {e.name}: from a checkout, {HF_EXTRA}") from None

@@ -1,6 +1,7 @@
 """What ``generate`` refuses, in its flags' words: flags the chosen generator or decoding would
-not use, more samples than memory holds, and the engine's refusal of a pool too small said as
-what to type. ``generation.py`` calls them, the first before any work.
+not use, more samples than memory holds, and the engine's refusals (beams on a model whose
+prompts are chunked, a pool too small) said as what to type. ``generation.py`` calls them, all
+but the last before any work.
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def check_flags(args) -> None:
     width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
     refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
                       len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
+
+
+def check_beams_in_one_step(args, positions: int) -> None:
+    """Beam search samples every beam of a request in one step, which the chunked prefill of a
+    long-context model (on by itself, engine.py) cannot do: refused before the weights load."""
+    from minipaged.model.engine import LONG_CONTEXT
+
+    if args.beam_width > 1 and not args.reference and positions > LONG_CONTEXT:
+        raise ValueError(f"--beam-width={args.beam_width} samples every beam of a request in "
+                         f"the same step, but the prompts of a model of {positions:,} "
+                         f"positions (more than {LONG_CONTEXT:,}) are split over steps "
+                         "(chunked prefill, on for such models even with --chunked-prefill=0); "
+                         f"expected a --max-model-len of at most {LONG_CONTEXT}, or --reference")
 
 
 def too_small(args, e, blocks: int, kv_cache_gb: float | None) -> str:
