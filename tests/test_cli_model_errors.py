@@ -16,6 +16,8 @@ CASES: list[tuple[str, str]] = [
     # generate and train (the model: torch)
     ("generate", "the following arguments are required: PROMPT"),
     ("generate é", "is not a printable ASCII character"),
+    ("generate ok héllo", "PROMPT 2 'héllo': its character 2, 'é', is not a printable ASCII "
+                          "character"),
     ("generate x --max-tokens 0", "--max-tokens=0 must be >= 1"),
     ("generate x --temperature -1", "--temperature=-1.0 must be >= 0"),
     ("generate x --temperature nan", "--temperature=nan must be a finite number >= 0"),

@@ -69,16 +69,16 @@ def in_flag_words(message: str, flags: Mapping[str, str]) -> str:
         return flags[name] if value in ("", "True") else f"{flags[name]}={value}"
 
     names = "|".join(flags)
-    bare = "|".join(name for name in flags if "_" in name)
+    bare = "|".join(name for name in flags if "_" in name) or "(?!)"    # (?!): matches nothing
     return re.sub(rf"\b(?:({names})=('[^']*'|[^\s,;:)]+)|({bare})\b)", flag, message)
 
 
 @contextmanager
-def flag_words(flags: Mapping[str, str]):
-    """A ValueError raised inside comes out ``in_flag_words``."""
+def flag_words(flags: Mapping[str, str], kinds: tuple[type[Exception], ...] = (ValueError,)):
+    """A ValueError (or an error of ``kinds``) raised inside comes out ``in_flag_words``."""
     try:
         yield
-    except ValueError as e:
+    except kinds as e:
         raise ValueError(in_flag_words(str(e), flags)) from None
 
 

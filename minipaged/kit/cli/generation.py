@@ -38,6 +38,7 @@ from minipaged.kit.cli.common import (
 from minipaged.kit.cli.generation_checks import (
     check_beams_in_one_step,
     check_flags,
+    check_prompts,
     too_small,
 )
 from minipaged.model.checkpoint import load_model
@@ -193,6 +194,7 @@ def _load(args):
 
 def generate(args) -> int:
     check_flags(args)
+    check_prompts(args)
     need_torch()
     import torch
 
@@ -210,6 +212,7 @@ def generate(args) -> int:
         summary = "reference generator (contiguous cache per sequence)"
     else:
         from minipaged.model.engine import LLM, PoolTooSmallError
+        from minipaged.model.runner import BackendUnavailableError
 
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
         kv = (pools * args.block_size
@@ -227,11 +230,13 @@ def generate(args) -> int:
                  else f"the default {blocks} blocks")
         refuse_if_too_big(f"{given} x --block-size={args.block_size} (the KV pool)",
                           blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
-        llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
-                  block_size=args.block_size, kv_cache_gb=kv_cache_gb,
-                  enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
-                  chunked_prefill=(args.chunked_prefill > 0) or None,
-                  max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
+        with flag_words({"backend": "--backend"}, (ValueError, BackendUnavailableError)):
+            llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
+                      block_size=args.block_size, kv_cache_gb=kv_cache_gb,
+                      enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
+                      chunked_prefill=(args.chunked_prefill > 0) or None,
+                      max_num_batched_tokens=args.chunked_prefill or None,
+                      backend=args.backend)
         show = [_progress(err)]
         if args.show_blocks:
             show.append(_block_drawer(err))

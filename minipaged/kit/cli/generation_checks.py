@@ -1,10 +1,12 @@
 """What ``generate`` refuses, in its flags' words: flags the chosen generator or decoding would
-not use, more samples than memory holds, and the engine's refusals (beams on a model whose
-prompts are chunked, a pool too small) said as what to type. ``generation.py`` calls them, all
-but the last before any work.
+not use, prompts the tiny model cannot read, more samples than memory holds, and the engine's
+refusals (a pool too small, beams on a model whose prompts are chunked) said as what to type.
+``generation.py`` calls them, all but the last before any work.
 """
 
 from __future__ import annotations
+
+import re
 
 from minipaged.kit.cli.common import refuse_if_too_big, refuse_unused
 
@@ -44,6 +46,23 @@ def check_flags(args) -> None:
     width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
     refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
                       len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
+
+
+def check_prompts(args) -> None:
+    """The tiny model's prompts, read by its tokenizer before any work: a character outside its
+    vocabulary is named by PROMPT and place (the tokenizer's ``text[i]`` is the API's word)."""
+    if args.model is not None:
+        return
+    from minipaged.model.tokenizer import CharTokenizer
+
+    for k, prompt in enumerate(args.prompts, 1):
+        try:
+            CharTokenizer().encode(prompt)
+        except ValueError as e:
+            m = re.match(r"text\[(\d+)\] = ('.*?'|\".*?\") ", str(e))
+            where = f"its character {int(m[1]) + 1}, {m[2]}, " if m else ""
+            raise ValueError(f"PROMPT {k} {prompt!r:.60}: {where}{str(e)[m.end() if m else 0:]}"
+                             ) from None
 
 
 def check_beams_in_one_step(args, positions: int) -> None:
