@@ -96,7 +96,8 @@ def add_generate(sub) -> None:
         "1 with --model)", bounds(above=0), metavar="GB")
     num(engine, "--block-size", int, 16, "token slots per block")
     engine.add_argument("--prefix-caching", action="store_true",
-                        help="share full prompt blocks across requests by hash (vLLM v1)")
+                        help="share full prompt blocks across requests by hash, as "
+                             "vLLM's automatic prefix caching does")
     engine.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                         help="what to do when the pool runs out")
     num(engine, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS "
