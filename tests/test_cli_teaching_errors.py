@@ -27,6 +27,9 @@ CASES: list[tuple[str, str]] = [
     ("demo --seed -1", "--seed=-1 must be >= 0"),
     ("demo paging --svg {file}", "is a file; expected a directory"),
     ("demo paging --html {file}", "is a file; expected a directory"),
+    ("demo --list --svg {dir}/frames", "--list lists the scenes and plays none: --svg="),
+    ("demo --list paging --seed 3", "--list lists the scenes and plays none: SCENE 'paging', "
+                                    "--seed=3 would not be used; expected --list alone"),
     # check
     ("check 99", "there is no exercise '99'"),
     ("check nope", "is neither a number nor a .py file"),
@@ -37,12 +40,22 @@ CASES: list[tuple[str, str]] = [
     ("check {dir}", "is a directory; expected a .py file"),
     ("check 4 --timeout 1e30", "--timeout=1e+30 must be >= 0 and <= 86400"),
     ("check {binary_py}", "has no EXERCISE"),
+    ("check --list 6", "--list lists the exercises and grades none: PATH|NUMBER '6' would not "
+                       "be used; expected --list alone"),
+    ("check --list --solution", "--solution would not be used"),
     # quiz
     ("quiz --only nope", "--only='nope' names no drill"),
     ("quiz --only 0", "--only='0' names no drill"),
     ("quiz --num-requests 0", "--num-requests=0 must be >= 1"),
     (f"quiz --num-requests {BIG}", f"--num-requests={BIG} x 4 sequences would need about"),
     ("quiz --seed -1", "--seed=-1 must be >= 0"),
+    ("quiz --glossary --only why-16 --num-requests 5 --list", "--glossary prints the glossary "
+                                                              "and runs no drill: "
+                                                              "--only=why-16, --list, "
+                                                              "--num-requests=5 would not be "
+                                                              "used; expected --glossary alone"),
+    ("quiz --list --answers --only 1 --only 2", "--list lists the drills and runs no drill: "
+                                                "--answers, --only=1, --only=2 would not be used"),
     # present
     ("present", "name a deck"),
     ("present {missing}", "does not exist; expected an existing file"),

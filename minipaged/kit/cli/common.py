@@ -85,13 +85,14 @@ def flag_words(flags: Mapping[str, str], kinds: tuple[type[Exception], ...] = (V
 def refuse_unused(args, doing: str, options: Mapping[str, tuple[str, object]],
                   expected: str) -> None:
     """Refuse the options (flag, or a positional's name -> (dest, unset value), as
-    ``args.unset`` makes them) that were given although what runs would not use them:
-    ``{doing}: --flag=VALUE, --switch would not be used; expected {expected}``."""
+    ``kit.cli.args.unset`` makes them) that were given although what runs would not use them:
+    ``{doing}: --flag=VALUE, --switch, NAME 'VALUE' would not be used; expected {expected}``
+    (the values of a repeatable option repeat its flag)."""
     given = []
     for flag, (dest, unset) in options.items():
         if (value := getattr(args, dest)) != unset:
-            value = " ".join(map(str, value)) if isinstance(value, list) else value
-            given.append(flag if value is True else f"{flag}={value}")
+            given += [flag if v is True else f"{flag}={v}" if flag[0] == "-" else f"{flag} {v!r}"
+                      for v in (value if isinstance(value, list) else [value])]
     if given:
         raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
 

@@ -21,8 +21,9 @@ from minipaged.kit.cli.args import (
     num,
     output_dir,
     path,
+    unset,
 )
-from minipaged.kit.cli.common import check_sim_size, reading, table
+from minipaged.kit.cli.common import check_sim_size, reading, refuse_unused, table
 
 # ---- demo --------------------------------------------------------------------------------------
 
@@ -65,11 +66,16 @@ def add_demo(sub) -> None:
          metavar="DIR")
     p.add_argument("--list", action="store_true",
                    help="list the scenes and whether this checkout can play them")
+    p.set_defaults(not_listed=unset(p, "scene", "seed", "width", "speed", "autoplay", "svg",
+                                    "html"))
 
 
 def demo(args) -> int:
     from minipaged.kit import demo as player
 
+    if args.list:
+        refuse_unused(args, "--list lists the scenes and plays none", args.not_listed,
+                      "--list alone")
     return player.run(args)
 
 
@@ -103,6 +109,7 @@ def add_check(sub) -> None:
     num(p, "--timeout", float, 20.0, "seconds the import or one case may run before it is "
         "stopped, so an endless loop is reported instead of hanging (0 = no limit)",
         bounds(low=0, high=MAX_TIMEOUT_S))
+    p.set_defaults(not_listed=unset(p, "exercise", "solution", "timeout"))
 
 
 def check(args) -> int:
@@ -110,6 +117,9 @@ def check(args) -> int:
     from minipaged.kit.grader.report import print_report
 
     console = Console()
+    if args.list:
+        refuse_unused(args, "--list lists the exercises and grades none", args.not_listed,
+                      "--list alone")
     if args.list or args.exercise is None:
         t = table("exercises (minipaged check NUMBER)", ("#", "file", "topic", "cases"),
                   left=("file", "topic"))
@@ -150,6 +160,7 @@ def add_quiz(sub) -> None:
     p.add_argument("--glossary", action="store_true", help="print the glossary and exit")
     num(p, "--num-requests", int, 300, "requests per simulation behind the answers")
     num(p, "--seed", int, 0, "simulation seed", NON_NEGATIVE)
+    p.set_defaults(drill_options=unset(p, "list", "answers", "only", "num_requests", "seed"))
 
 
 def quiz(args) -> int:
@@ -157,6 +168,10 @@ def quiz(args) -> int:
     from minipaged.kit.quiz.glossary import glossary_table
 
     console = Console()
+    for flag, doing in (("glossary", "prints the glossary"), ("list", "lists the drills")):
+        if getattr(args, flag):   # what either prints needs no drill, answer or simulation
+            refuse_unused(args, f"--{flag} {doing} and runs no drill", {
+                k: v for k, v in args.drill_options.items() if v[0] != flag}, f"--{flag} alone")
     if args.glossary:
         console.print(glossary_table())
         return 0
