@@ -23,7 +23,13 @@ from minipaged.kit.cli.args import (
     path,
     unset,
 )
-from minipaged.kit.cli.common import check_sim_size, reading, refuse_unused, table
+from minipaged.kit.cli.common import (
+    check_sim_size,
+    flag_words,
+    reading,
+    refuse_unused,
+    table,
+)
 
 # ---- demo --------------------------------------------------------------------------------------
 
@@ -102,10 +108,12 @@ MAX_TIMEOUT_S = 86400
 def add_check(sub) -> None:
     p = command(sub, "check", "grade an exercise with hidden tests", CHECK_HELP, check)
     p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-14) or the path of your file")
+                   help="an exercise number (1-14), its name (06_paged_gather) or the path of "
+                        "your file")
     p.add_argument("--list", action="store_true", help="list the exercises and exit")
     p.add_argument("--solution", action="store_true",
-                   help="grade exercises/solutions/NN_*.py instead (spoiler)")
+                   help="with a number or a name: grade exercises/solutions/NN_*.py instead "
+                        "(spoiler)")
     num(p, "--timeout", float, 20.0, "seconds the import or one case may run before it is "
         "stopped, so an endless loop is reported instead of hanging (0 = no limit)",
         bounds(low=0, high=MAX_TIMEOUT_S))
@@ -127,7 +135,14 @@ def check(args) -> int:
             t.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
         console.print(t)
         return 0 if args.list else 2
-    exercise, path = resolve(args.exercise, solution=args.solution)
+    if Path(args.exercise).is_file():   # unreadable is not "no EXERCISE line" (resolve's view)
+        try:
+            Path(args.exercise).open("rb").close()
+        except OSError as e:
+            raise ValueError(f"exercise file {args.exercise!r} cannot be read: "
+                             f"{e.strerror or e}") from None
+    with flag_words({"solution": "--solution"}):
+        exercise, path = resolve(args.exercise, solution=args.solution)
     result = grade(exercise, path, timeout_s=args.timeout)
     print_report(result, console)
     return 0 if result.passed else 1
