@@ -7,10 +7,12 @@ the grader (``kit/grader/``), the interview drills (``kit/quiz/``) and the slide
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
@@ -267,9 +269,10 @@ def present(args) -> int:
         return 0
     if args.check_figures:
         bad = list(figures.stale(out))
-        if bad:
+        if bad:   # the same folder: without --figures-dir the build would write slides/figures
+            where = f" --figures-dir {shlex.quote(args.figures_dir)}" if args.figures_dir else ""
             console.print(f"[red]stale or missing figures:[/] {', '.join(bad)}\n"
-                          f"regenerate with: minipaged present --build-figures")
+                          f"regenerate with: minipaged present --build-figures{escape(where)}")
             return 1
         console.print("every figure is up to date")
         return 0
