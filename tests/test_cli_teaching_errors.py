@@ -29,6 +29,7 @@ CASES: list[tuple[str, str]] = [
     ("demo --seed -1", "--seed=-1 must be >= 0"),
     ("demo paging --svg {file}", "is a file; expected a directory"),
     ("demo paging --html {file}", "is a file; expected a directory"),
+    ("demo paging --svg {file}/frames", "file.txt/frames' cannot be created: Not a directory"),
     ("demo --list --svg {dir}/frames", "--list lists the scenes and plays none: --svg="),
     ("demo --list paging --seed 3", "--list lists the scenes and plays none: SCENE 'paging', "
                                     "--seed=3 would not be used; expected --list alone"),
