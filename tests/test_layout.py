@@ -187,8 +187,9 @@ def test_package_does_not_grow():
     # 18,118 when check refused --solution with a path, a name that is no exercise's
     # ('06_wrongname' was exercise 6) and said that a file it cannot read cannot be read;
     # 18,121 when present --check-figures's hint kept --figures-dir; 18,125 when demo named
-    # --svg / --html in a folder it cannot create.
+    # --svg / --html in a folder it cannot create; 18,129 when the exit statuses were written down
+    # in one place (3: no GPU, nothing ran, which bench kernel now returns as gpu-check does).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18125, f"the package is {total} lines (> 18,125)"
+    assert total <= 18129, f"the package is {total} lines (> 18,129)"

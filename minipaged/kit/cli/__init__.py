@@ -20,7 +20,9 @@ one command line. Heavy imports (torch, CuPy, the simulator) happen inside the r
 
 One error style: bad input, found by the parser or by the code it calls (a ValueError, a missing
 file, a size that does not fit in memory, a closed pipe ...), prints one line,
-``minipaged CMD: message``, on stderr and exits with status 2; never a traceback.
+``minipaged CMD: message``, on stderr and exits with status 2; never a traceback. A check that
+fails exits with 1, and a command that needs a GPU and finds none (``gpu-check``, ``bench
+kernel``) says so and exits with 3: nothing ran.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command line; returns the exit status (0 ok, 1 a check failed, 2 bad input)."""
+    """Run one command line; returns the exit status (0 ok, 1 a check failed, 2 bad input, 3 no
+    GPU for a command that needs one: nothing ran)."""
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:             # --help (0) or an argument error, already printed (2)
