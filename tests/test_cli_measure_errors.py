@@ -59,6 +59,15 @@ CASES: list[tuple[str, str]] = [
                                                        "the requests of --model DIR"),
     ("bench generate --min-new 50 --max-new 10", "--min-new=50, --max-new=10 shape the requests "
                                                  "of --model DIR"),
+    # --model DIR runs once, on lengths of its own; it writes or names one model
+    ("bench generate --model {dir} --max-tokens 2 --repeats 1000 --min-new 6 --max-new 6",
+     "--model DIR runs each generator once, for output lengths drawn from --min-new to "
+     "--max-new: --max-tokens=2, --repeats=1000 would not be used; expected --model DIR without "
+     "them"),
+    ("bench generate --write-random-model {dir}/m --repeats 2", "--write-random-model DIR runs "
+                                                                "each generator once"),
+    ("bench generate --model {dir} --write-random-model {dir}/m", "/m' writes the model that is "
+                                                                  "then measured, and --model="),
     # gpu-check
     ("gpu-check --out {missing}/report.json", "is in a folder that does not exist"),
     ("gpu-check --out {dir}", "is a directory; expected a file name to write"),

@@ -16,6 +16,8 @@ CASES: list[tuple[str, str]] = [
     # generate and train (the model: torch)
     ("generate", "the following arguments are required: PROMPT"),
     ("generate é", "is not a printable ASCII character"),
+    ("generate ok héllo", "PROMPT 2 'héllo': its character 2, 'é', is not a printable ASCII "
+                          "character"),
     ("generate x --max-tokens 0", "--max-tokens=0 must be >= 1"),
     ("generate x --temperature -1", "--temperature=-1.0 must be >= 0"),
     ("generate x --temperature nan", "--temperature=nan must be a finite number >= 0"),
@@ -30,16 +32,19 @@ CASES: list[tuple[str, str]] = [
                                   "alone, in the pool's 1 blocks of --block-size=16 (given); "
                                   "expected a larger --num-blocks or --kv-cache-gb, or a smaller "
                                   "--max-tokens"),
-    ("generate x --n 300", "PROMPT 1 with --n=300: 300 sequence(s) of up to 81 tokens do not "
-                           "fit, even alone, in the pool's 256 blocks of --block-size=16 (the "
-                           "default); expected a larger --num-blocks or --kv-cache-gb, or a "
-                           "smaller --max-tokens or --n"),
+    ("generate x --n 300 --temperature 1",
+     "PROMPT 1 with --n=300: 300 sequence(s) of up to 81 tokens do not fit, even alone, in the "
+     "pool's 256 blocks of --block-size=16 (the default); expected a larger --num-blocks or "
+     "--kv-cache-gb, or a smaller --max-tokens or --n"),
     ("generate x --beam-width 300 --kv-cache-gb 0.001", "PROMPT 1 with --beam-width=300: 300 "
                                                         "sequence(s)"),
-    (f"generate x --n {10**30}", f"1 PROMPT(s) x --n={10**30} sequences would need about"),
+    (f"generate x --n {10**30} --temperature 1",
+     f"1 PROMPT(s) x --n={10**30} sequences would need about"),
     (f"generate x --beam-width {10**30}", f"x --beam-width={10**30} sequences would need about"),
-    (f"generate x --n {10**30} --prefix-caching", f"x --n={10**30} sequences would need about"),
-    (f"generate x --n {10**30} --reference", f"x --n={10**30} sequences would need about"),
+    (f"generate x --n {10**30} --prefix-caching --temperature 1",
+     f"x --n={10**30} sequences would need about"),
+    (f"generate x --n {10**30} --reference --temperature 1",
+     f"x --n={10**30} sequences would need about"),
     ("generate x --kv-cache-gb 1e-9", "--kv-cache-gb=1e-09 holds 0 tokens of this model (768 B "
                                       "each), less than one block of --block-size=16; expected "
                                       "a larger --kv-cache-gb or a smaller --block-size"),
@@ -53,6 +58,21 @@ CASES: list[tuple[str, str]] = [
     ("generate x --beam-width 2 --chunked-prefill 8", "--beam-width=2 samples every beam of a "
                                                       "request in the same step, which "
                                                       "--chunked-prefill=8 splits"),
+    # what greedy decoding and beam search do not use (model/sampling.py)
+    ("generate x --top-k 5 --seed 3", "--temperature=0 (the default) decodes greedily, the "
+                                      "likeliest token at every step, and draws nothing at "
+                                      "random: --top-k=5, --seed=3 would not be used; expected "
+                                      "a --temperature above 0 with them"),
+    ("generate x --seed 0", "--seed=0 would not be used"),
+    ("generate x --n 3", "--n=3 samples under --temperature=0 (greedy, the default) would be "
+                         "identical; expected a --temperature above 0"),
+    ("generate x --n 3 --reference", "--n=3 samples under --temperature=0"),
+    ("generate x --beam-width 2 --top-k 5", "--beam-width=2 runs beam search, which keeps the "
+                                            "likeliest beams and draws nothing at random: "
+                                            "--top-k=5 would not be used; expected "
+                                            "--beam-width without them"),
+    ("generate x --beam-width 2 --temperature 0.5 --seed 1", "--temperature=0.5, --seed=1 would "
+                                                             "not be used"),
     ("generate x --block-size 0", "--block-size=0 must be >= 1"),
     ("generate x --block-size 1000000", "the default 256 blocks x --block-size=1000000 (the KV "
                                         "pool) would need about"),

@@ -8,6 +8,8 @@ traceback, nor status 0.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cli_helpers import BIG, check_one_clear_line, ids, run_cli, run_table
 
@@ -27,6 +29,10 @@ CASES: list[tuple[str, str]] = [
     ("demo --seed -1", "--seed=-1 must be >= 0"),
     ("demo paging --svg {file}", "is a file; expected a directory"),
     ("demo paging --html {file}", "is a file; expected a directory"),
+    ("demo paging --svg {file}/frames", "file.txt/frames' cannot be created: Not a directory"),
+    ("demo --list --svg {dir}/frames", "--list lists the scenes and plays none: --svg="),
+    ("demo --list paging --seed 3", "--list lists the scenes and plays none: SCENE 'paging', "
+                                    "--seed=3 would not be used; expected --list alone"),
     # check
     ("check 99", "there is no exercise '99'"),
     ("check nope", "is neither a number nor a .py file"),
@@ -37,12 +43,27 @@ CASES: list[tuple[str, str]] = [
     ("check {dir}", "is a directory; expected a .py file"),
     ("check 4 --timeout 1e30", "--timeout=1e+30 must be >= 0 and <= 86400"),
     ("check {binary_py}", "has no EXERCISE"),
+    ("check {missing_py} --solution", "missing.py' is a path, which --solution would not use (it "
+                                      "grades the reference solution of an exercise named by its "
+                                      "number or name); expected a number or an exercise name, "
+                                      "or the path alone"),
+    ("check 06_wrongname", "there is no exercise '06_wrongname'; expected one of 01_kv_bytes"),
+    ("check --list 6", "--list lists the exercises and grades none: PATH|NUMBER '6' would not "
+                       "be used; expected --list alone"),
+    ("check --list --solution", "--solution would not be used"),
     # quiz
     ("quiz --only nope", "--only='nope' names no drill"),
     ("quiz --only 0", "--only='0' names no drill"),
     ("quiz --num-requests 0", "--num-requests=0 must be >= 1"),
     (f"quiz --num-requests {BIG}", f"--num-requests={BIG} x 4 sequences would need about"),
     ("quiz --seed -1", "--seed=-1 must be >= 0"),
+    ("quiz --glossary --only why-16 --num-requests 5 --list", "--glossary prints the glossary "
+                                                              "and runs no drill: "
+                                                              "--only=why-16, --list, "
+                                                              "--num-requests=5 would not be "
+                                                              "used; expected --glossary alone"),
+    ("quiz --list --answers --only 1 --only 2", "--list lists the drills and runs no drill: "
+                                                "--answers, --only=1, --only=2 would not be used"),
     # present
     ("present", "name a deck"),
     ("present {missing}", "does not exist; expected an existing file"),
@@ -104,3 +125,22 @@ def test_an_endless_loop_at_the_top_of_a_learners_file_times_out(tmp_path):
     out = run_cli(["check", str(f), "--timeout", "2"], timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr
     assert "stopped after 2 s" in " ".join(out.stdout.split())
+
+
+def test_a_file_that_cannot_be_read_says_so_not_that_it_has_no_exercise_line(tmp_path):
+    """A file without read permission (root reads any: then a write-only /proc file)."""
+    mine = tmp_path / "mine.py"
+    mine.write_text('EXERCISE = "04_block_table"\n')
+    mine.chmod(0o200)
+    for path in (mine, Path("/proc/sys/vm/compact_memory")):
+        try:
+            path.open("rb").close()
+        except PermissionError:
+            break
+        except OSError:
+            continue
+    else:
+        pytest.skip("every file is readable here")
+    out = run_cli(["check", str(path)], timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"minipaged check: exercise file {str(path)!r} cannot be read: Permission denied"]

@@ -99,7 +99,9 @@ def test_cupy_backend_without_a_gpu_is_a_clear_error(model, capsys):
         LLM(model, num_blocks=8, block_size=8, backend="cupy")
     assert main(["generate", "count down from 3:", "--backend", "cupy"]) == 2
     captured = capsys.readouterr()
-    assert "backend='cupy'" in captured.err and captured.out == ""
+    # the command line says its flag: --backend=cupy ... use --backend=numpy (the default)
+    assert "--backend=cupy runs" in captured.err and captured.out == ""
+    assert "use --backend=numpy (the default) or --backend=cuda-cpu" in captured.err
     with pytest.raises(ValueError, match=r"backend='gpu' is not one of \['numpy', 'cuda-cpu', "
                                          r"'cupy'\]"):
         LLM(model, backend="gpu")

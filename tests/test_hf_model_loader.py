@@ -4,8 +4,9 @@ On the tiny random checkpoints of tests/hf_helpers.py: a sharded checkpoint load
 weights; a config the loader does not support, or a malformed field, is refused naming the
 field; a file of the model folder that is not that file is one line naming the file, never a
 traceback; missing and unexpected tensors are named, and every shape is checked before a model
-of the config's size is built; a long-context config turns chunked prefill on. The engine on
-these checkpoints is tested in tests/test_hf_model.py.
+of the config's size is built; a long-context config turns chunked prefill on (and `generate
+--beam-width` there says which flag avoids it); positions past the config's are refused. The
+engine on these checkpoints is tested in tests/test_hf_model.py.
 """
 
 from __future__ import annotations
@@ -148,3 +149,28 @@ def test_long_context_models_chunk_their_prefill(models, tmp_path):
     capped, tok = load_hf(d, max_seq_len=4096)
     assert LLM(capped, tokenizer=tok, num_blocks=8).chunked_prefill is False
     assert LLM(model=d, num_blocks=8, chunked_prefill=False).chunked_prefill is False
+
+
+def test_positions_past_the_trained_ones_are_refused(models, capsys):
+    """As vLLM refuses a max_model_len above the config's (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN):
+    the loader by its parameter, `generate --model` by its flag."""
+    d = models["qwen2"][0]
+    with pytest.raises(CheckpointError, match="max_seq_len=513 is above max_position_embeddings"
+                                              "=512, the positions the model was trained for"):
+        load_hf_model(d, max_seq_len=513)
+    assert main(["generate", "--model", str(d), "hi", "--max-model-len", "4000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-model-len=4000 is above max_position_embeddings=512" \
+        in err and err.rstrip().endswith("expected at most 512"), err
+
+
+def test_beams_on_a_long_context_model_say_what_to_type(models, tmp_path, capsys):
+    """Such a model chunks its prefill by itself, which beam search cannot run under: the
+    command line says which flag avoids it (not the API's chunked_prefill=False)."""
+    d = _edit_config(models["qwen2"][0], tmp_path, max_position_embeddings=32768)
+    assert main(["generate", "--model", str(d), "hi there", "--beam-width", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "(more than 8,192) are split over steps" in err and err.rstrip().endswith(
+        "expected a --max-model-len of at most 8192, or --reference"), err
+    assert main(["generate", "--model", str(d), "hi there", "--beam-width", "2", "--max-tokens",
+                 "2", "--max-model-len", "8192", "--kv-cache-gb", "0.01"]) == 0

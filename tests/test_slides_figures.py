@@ -185,3 +185,17 @@ def test_the_block_table_diagram_shows_what_the_manager_holds():
     assert labels.count(f"#{a[0]}") == 3           # two table cells and its pool box
     assert "×2" in labels and "physical blocks (the pool): 6 × 4 slots · 3 in use · 3 free" \
         in labels
+
+
+def test_the_hint_for_stale_figures_names_their_folder(tmp_path, monkeypatch, capsys):
+    """Its rebuild must write the folder that was checked, not slides/figures."""
+    from minipaged.kit.cli import main
+
+    monkeypatch.setattr(figures, "stale", lambda out: iter(["paging"]))
+    folder = tmp_path / "my [figs]"
+    folder.mkdir()
+    assert main(["present", "--check-figures", "--figures-dir", str(folder)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"regenerate with: minipaged present --build-figures --figures-dir '{folder}'" in out
+    assert main(["present", "--check-figures"]) == 1
+    assert " ".join(capsys.readouterr().out.split()).endswith("present --build-figures")

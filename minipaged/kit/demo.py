@@ -90,8 +90,12 @@ def run(args) -> int:
         return 1
     console = Console(width=width)
     outputs = [(Path(d), ext) for d, ext in ((args.svg, ".svg"), (args.html, ".html")) if d]
-    for d, _ in outputs:
-        d.mkdir(parents=True, exist_ok=True)
+    for d, ext in outputs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:   # OSError names the folder; the command line names its flag
+            raise ValueError(f"--{ext[1:]}={str(d)!r} cannot be created: {e.strerror or e}"
+                             ) from None
     frames: Iterator[tuple[str, int, int, RenderableType]] = all_frames(scenes)
     if args.scene is None:
         frames = itertools.chain([("tour", 0, 0, intro_frame(scenes, skipped))], frames)

@@ -82,7 +82,9 @@ class LLM:
     num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
                               what kv_cache_gb GiB hold; with neither, 1 GiB for a directory
                               and 256 blocks for a model object (pool.py)
-    enable_prefix_caching     share full prompt blocks across requests by hash (vLLM v1)
+    enable_prefix_caching     share full prompt blocks across requests by hash, as vLLM's
+                              automatic prefix caching; n samples then become n requests,
+                              as vLLM v1 runs them (lesson 05)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
                               num_cpu_blocks blocks, num_blocks by default)
     chunked_prefill           split prompts over steps of at most max_num_batched_tokens;

@@ -109,7 +109,8 @@ def _rope(hf: dict, where) -> tuple[float, tuple | None]:
 
 
 def config_from_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
-    """The ModelConfig of a model directory's config.json; refuses, by name, what it lacks."""
+    """The ModelConfig of a model directory's config.json; refuses, by name, what it lacks.
+    ``max_seq_len`` keeps fewer positions than config.json's, never more."""
     from minipaged.model.decoder import ModelConfig
 
     path = Path(model_dir) / "config.json"
@@ -137,12 +138,19 @@ def config_from_hf(model_dir: str | Path, *, max_seq_len: int | None = None):
                                   f"the Decoder ({arch})")
     theta, scaling = _rope(hf, path)
     heads = _size(hf, "num_attention_heads", path)
+    # Positions past the trained ones are refused, as vLLM refuses a longer max_model_len unless
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (_get_and_verify_max_len, vllm/config/model.py, 0.32).
+    trained = _size(hf, "max_position_embeddings", path, default=max_seq_len or None)
+    if max_seq_len is not None and max_seq_len > trained:
+        raise CheckpointError(f"{path}: max_seq_len={max_seq_len} is above "
+                              f"max_position_embeddings={trained}, the positions the model was "
+                              f"trained for; expected at most {trained}")
     fields = dict(
         vocab_size=_size(hf, "vocab_size", path), dim=_size(hf, "hidden_size", path),
         n_layers=_size(hf, "num_hidden_layers", path), n_heads=heads,
         n_kv_heads=_size(hf, "num_key_value_heads", path, default=heads),
         hidden_dim=_size(hf, "intermediate_size", path),
-        max_seq_len=max_seq_len or _size(hf, "max_position_embeddings", path),
+        max_seq_len=max_seq_len or trained,
         rope_theta=theta, norm_eps=_positive(hf, "rms_norm_eps", path, 1e-6),
         head_size=_size(hf, "head_dim", path, default=0), qkv_bias=family == "qwen2",
         qk_norm=family == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),

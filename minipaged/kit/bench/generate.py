@@ -17,17 +17,29 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from minipaged.kit.bench import medians
-from minipaged.kit.cli.common import need_torch, refuse_if_too_big, table
+from minipaged.kit.bench import fill_unset, medians
+from minipaged.kit.cli.common import need_torch, refuse_if_too_big, refuse_unused, table
 from minipaged.model import corpus
 from minipaged.model.checkpoint import load_model
 from minipaged.model.sampling import SamplingParams
+
+# The tiny model's options when not given (--model DIR runs once, on lengths of its own).
+DEFAULTS = dict(max_tokens=64, repeats=3)
 
 
 def run(args) -> int:
     from minipaged.kit.bench import generate_hf
 
+    if args.model and args.write_random_model:
+        raise ValueError(f"--write-random-model={args.write_random_model!r} writes the model "
+                         f"that is then measured, and --model={args.model!r} names another; "
+                         "expected one of them")
     if args.model or args.write_random_model:
+        mode = "--model DIR" if args.model else "--write-random-model DIR"
+        refuse_unused(args, f"{mode} runs each generator once, for output lengths drawn from "
+                      "--min-new to --max-new", {f"--{name.replace('_', '-')}": (name, None)
+                                                 for name in DEFAULTS},
+                      f"{mode} without them (--min-new and --max-new set the lengths)")
         args.requests = args.requests or 16
         return generate_hf.run(args)
     given = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in generate_hf.DEFAULTS
@@ -37,6 +49,7 @@ def run(args) -> int:
                          "--write-random-model DIR); without it the prompts are the counting "
                          "ones of the tiny model")
     args.requests = args.requests or 32
+    fill_unset(args, DEFAULTS, {})
     need_torch()
     refuse_if_too_big(f"--requests={args.requests} and --block-size={args.block_size}",
                       args.requests * 50_000 + 4096 * args.block_size * 1024)

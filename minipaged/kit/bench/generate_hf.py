@@ -12,9 +12,10 @@ with its own output length drawn from [--min-new, --max-new], end of sequence ig
   each row's first output-length tokens are kept, the rest of its work is waste (the paper's
   argument for iteration-level scheduling, section 2.3 and Orca, Yu et al. OSDI 2022).
 
-Both report useful tokens (the sum of the output lengths) per second of wall time, and the mean
-time to first token. Then the tokens are compared request by request; where they differ the
-report gives the logit margin at the first difference (a near-tie that rounding decides, or not).
+Both run once (the tiny model's --repeats and --max-tokens are refused here) and report useful
+tokens (the sum of the output lengths) per second of wall time, and the mean time to first
+token. Then the tokens are compared request by request; where they differ the report gives the
+logit margin at the first difference (a near-tie that rounding decides, or not).
 
 ``--write-random-model DIR`` first writes a random-weight model with SmolLM2-135M's config
 (HuggingFaceTB/SmolLM2-135M config.json: hidden 576, 30 layers, 9 heads, 3 KV heads,
@@ -152,7 +153,7 @@ def run(args) -> int:
     console = Console(width=110)
     if args.write_random_model:
         write_random_model(args.write_random_model, args.seed)
-        args.model = args.model or args.write_random_model
+        args.model = args.write_random_model      # never with --model (generate.run refuses)
     torch.set_num_threads(1)
     if os.environ.get("OPENBLAS_NUM_THREADS") != "1":
         console.print("[yellow]note: OPENBLAS_NUM_THREADS is not 1, so NumPy's BLAS (the paged "

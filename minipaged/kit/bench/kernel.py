@@ -25,7 +25,8 @@ the wrapper's overhead, so host work never hides inside a kernel figure.
 
 Before any timing, every version is compared with the NumPy oracle on a small ragged case, by
 gpu-check's check and tolerance (minipaged.cuda.gpu_check.check_versions), and on the GPU with
-the torch baseline at every size; a mismatch stops the benchmark with exit 1.
+the torch baseline at every size; a mismatch stops the benchmark with exit 1. Without a GPU,
+--backend cupy says so and exits 3 (nothing ran), as gpu-check does.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def run(args) -> int:
     if gpu and (reason := gpu_missing()) is not None:
         console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "
                       "Run `minipaged bench kernel --backend cpu` for the CPU harness.")
-        return 1
+        return 3                    # gpu-check's status for no GPU: nothing ran, nothing failed
     if gpu:
         import cupy
 

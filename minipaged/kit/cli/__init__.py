@@ -8,17 +8,21 @@ text, its parser (``add_NAME``) and its runner (what it does with the parsed arg
     kv_calc.py     kv-calc                           KV cache arithmetic
     simulation.py  simulate, experiment, factcheck   the serving simulator
     measure.py     bench, gpu-check                  speed, and the CUDA kernels on a GPU
-    generation.py  generate                          the tiny model (or a Hugging Face one)
+    generation.py  generate                          the tiny model (or a Hugging Face one);
+                                                     its refusals: generation_checks.py
     training.py    train                             retraining the tiny model
 
 ``args.py`` holds what every parser is built with (checked numbers and paths, the help layout),
-``common.py`` what the runners share (errors, memory limits, progress bar, tables, JSON). This
-module puts the commands together, in the order of the course, and runs one command line. Heavy
-imports (torch, CuPy, the simulator) happen inside the runners, so ``--help`` is instant.
+``common.py`` what the runners share (errors, flags that would go unused, memory limits, progress
+bar, tables, JSON). This module puts the commands together, in the order of the course, and runs
+one command line. Heavy imports (torch, CuPy, the simulator) happen inside the runners, so
+``--help`` is instant.
 
 One error style: bad input, found by the parser or by the code it calls (a ValueError, a missing
 file, a size that does not fit in memory, a closed pipe ...), prints one line,
-``minipaged CMD: message``, on stderr and exits with status 2; never a traceback.
+``minipaged CMD: message``, on stderr and exits with status 2; never a traceback. A check that
+fails exits with 1, and a command that needs a GPU and finds none (``gpu-check``, ``bench
+kernel``) says so and exits with 3: nothing ran.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command line; returns the exit status (0 ok, 1 a check failed, 2 bad input)."""
+    """Run one command line; returns the exit status (0 ok, 1 a check failed, 2 bad input, 3 no
+    GPU for a command that needs one: nothing ran)."""
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:             # --help (0) or an argument error, already printed (2)

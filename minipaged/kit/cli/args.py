@@ -2,7 +2,8 @@
 
 A command's parser is written with four helpers: ``command`` adds a subcommand whose ``--help``
 shows each option's default, ``num`` an int or float option checked as it is parsed, ``path`` a
-file or directory that must exist (or be writable), and ``json_out`` the usual ``--json PATH``.
+file or directory that must exist (or be writable), and ``json_out`` the usual ``--json PATH``;
+``unset`` records the unset values of options that a runner refuses where they would go unused.
 A value that fails its check stops the parser with one line, ``minipaged CMD: --flag=VALUE
 <what is wrong>``, and exit status 2.
 """
@@ -141,6 +142,13 @@ def num(p: Parser, flag: str, kind: type, default, help: str, check=POSITIVE, **
 
 def path(p: Parser, flag: str, check, help: str, **kw) -> None:
     p.add_argument(flag, help=help, action=Checked, check=check, **kw)
+
+
+def unset(p: Parser, *dests: str) -> dict[str, tuple[str, object]]:
+    """The arguments ``dests`` of ``p`` as flag (a positional's metavar) -> (dest, default): what
+    ``common.refuse_unused`` compares the parsed values with."""
+    return {(a.option_strings or [a.metavar])[0]: (a.dest, a.default)
+            for a in p._actions if a.dest in dests}
 
 
 def json_out(p: Parser, what: str) -> None:

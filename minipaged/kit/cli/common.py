@@ -69,17 +69,32 @@ def in_flag_words(message: str, flags: Mapping[str, str]) -> str:
         return flags[name] if value in ("", "True") else f"{flags[name]}={value}"
 
     names = "|".join(flags)
-    bare = "|".join(name for name in flags if "_" in name)
+    bare = "|".join(name for name in flags if "_" in name) or "(?!)"    # (?!): matches nothing
     return re.sub(rf"\b(?:({names})=('[^']*'|[^\s,;:)]+)|({bare})\b)", flag, message)
 
 
 @contextmanager
-def flag_words(flags: Mapping[str, str]):
-    """A ValueError raised inside comes out ``in_flag_words``."""
+def flag_words(flags: Mapping[str, str], kinds: tuple[type[Exception], ...] = (ValueError,)):
+    """A ValueError (or an error of ``kinds``) raised inside comes out ``in_flag_words``."""
     try:
         yield
-    except ValueError as e:
+    except kinds as e:
         raise ValueError(in_flag_words(str(e), flags)) from None
+
+
+def refuse_unused(args, doing: str, options: Mapping[str, tuple[str, object]],
+                  expected: str) -> None:
+    """Refuse the options (flag, or a positional's name -> (dest, unset value), as
+    ``kit.cli.args.unset`` makes them) that were given although what runs would not use them:
+    ``{doing}: --flag=VALUE, --switch, NAME 'VALUE' would not be used; expected {expected}``
+    (the values of a repeatable option repeat its flag)."""
+    given = []
+    for flag, (dest, unset) in options.items():
+        if (value := getattr(args, dest)) != unset:
+            given += [flag if v is True else f"{flag}={v}" if flag[0] == "-" else f"{flag} {v!r}"
+                      for v in (value if isinstance(value, list) else [value])]
+    if given:
+        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
 
 
 def need_torch() -> None:

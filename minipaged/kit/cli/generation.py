@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import sys
 import time
+from contextlib import nullcontext
 
 from rich.console import Console
 from rich.text import Text
@@ -24,13 +25,21 @@ from minipaged.kit.cli.args import (
     input_file,
     num,
     path,
+    unset,
 )
 from minipaged.kit.cli.common import (
     SIM_BYTES_PER_BLOCK,
     describe,
+    flag_words,
     need_torch,
     reading,
     refuse_if_too_big,
+)
+from minipaged.kit.cli.generation_checks import (
+    check_beams_in_one_step,
+    check_flags,
+    check_prompts,
+    too_small,
 )
 from minipaged.model.checkpoint import load_model
 from minipaged.model.pool import DEFAULT_KV_CACHE_GB, pool_size
@@ -66,11 +75,13 @@ def add_generate(sub) -> None:
     num(p, "--max-tokens", int, 80, "new tokens at most")
     num(p, "--temperature", float, 0.0, "0 = greedy; > 0 samples from softmax(logits / T)",
         bounds(low=0))
-    num(p, "--top-k", int, 0, "sample among the k likeliest (0 = all)", NON_NEGATIVE)
+    num(p, "--top-k", int, 0, "with --temperature above 0: sample among the k likeliest (0 = "
+        "all)", NON_NEGATIVE)
     samples = p.add_mutually_exclusive_group()
     num(samples, "--n", int, 1, "parallel samples per prompt (they share the prompt's blocks)")
     num(samples, "--beam-width", int, 1, "> 1: beam search, that many beams")
-    num(p, "--seed", int, 0, "sampling seed", NON_NEGATIVE)
+    num(p, "--seed", int, None, "with --temperature above 0: the sampling seed (unset: 0)",
+        NON_NEGATIVE)
     path(p, "--model", input_dir, "a Hugging Face model directory (Llama, Qwen2, Qwen3)")
     p.add_argument("--chat", action="store_true", help="with --model: apply its chat template")
     num(p, "--max-model-len", int, None, "with --model: positions to keep (unset: the config's)")
@@ -85,7 +96,8 @@ def add_generate(sub) -> None:
         "1 with --model)", bounds(above=0), metavar="GB")
     num(engine, "--block-size", int, 16, "token slots per block")
     engine.add_argument("--prefix-caching", action="store_true",
-                        help="share full prompt blocks across requests by hash (vLLM v1)")
+                        help="share full prompt blocks across requests by hash, as "
+                             "vLLM's automatic prefix caching does")
     engine.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                         help="what to do when the pool runs out")
     num(engine, "--chunked-prefill", int, 0, "split prompts over steps of at most TOKENS "
@@ -98,8 +110,7 @@ def add_generate(sub) -> None:
                              "CPU emulation (cuda-cpu: needs g++), or the same kernels on a GPU "
                              "through CuPy (cupy: needs a CUDA GPU and CuPy)")
     # What --reference would ignore: each engine option, by its flag, and its unset value.
-    p.set_defaults(engine_options={a.option_strings[0]: (a.dest, a.default)
-                                   for a in engine._group_actions})
+    p.set_defaults(engine_options=unset(p, *(a.dest for a in engine._group_actions)))
 
 
 def _escape(text: str) -> str:
@@ -167,8 +178,12 @@ def _load(args):
     if args.checkpoint is not None:
         raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
     try:
-        from minipaged.model.hf import load_hf
+        from minipaged.model.hf import config_from_hf, load_hf
 
+        given = args.max_model_len is not None      # the API's max_seq_len is then the flag's
+        with flag_words({"max_seq_len": "--max-model-len"}) if given else nullcontext():
+            positions = config_from_hf(args.model, max_seq_len=args.max_model_len).max_seq_len
+        check_beams_in_one_step(args, positions)    # before the weights load
         model, tok = load_hf(args.model, max_seq_len=args.max_model_len)
     except ImportError as e:
         raise ValueError(f"--model needs {e.name}: from a checkout, {HF_EXTRA}") from None
@@ -178,51 +193,9 @@ def _load(args):
     return model, tok, prompts
 
 
-# What one sample holds until the outputs are printed (its request record, token ids, text),
-# measured with /usr/bin/time: about 5 KB with 20 new tokens (2,000 and 8,000 samples of one
-# prompt, with --prefix-caching, which makes each sample a request).
-BYTES_PER_SAMPLE = 8_000
-
-
-def _check_flags(args) -> None:
-    """What the parser cannot see, before any work: flags the chosen generator would not use,
-    and more samples than memory holds."""
-    if args.reference:
-        unused = [flag + ("" if value is True else f"={value}")
-                  for flag, (dest, unset) in args.engine_options.items()
-                  if (value := getattr(args, dest)) != unset]
-        if unused:
-            raise ValueError(f"--reference runs the plain generator, without the paged "
-                             f"engine's pool, scheduler or kernels: {', '.join(unused)} would "
-                             "not be used; expected --reference without them")
-    if args.beam_width > 1 and args.chunked_prefill:
-        raise ValueError(f"--beam-width={args.beam_width} samples every beam of a request in "
-                         f"the same step, which --chunked-prefill={args.chunked_prefill} "
-                         "splits; expected one of them")
-    width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
-    refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
-                      len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
-
-
-def _too_small(args, e, blocks: int, kv_cache_gb: float | None) -> str:
-    """The engine's refusal of a request no pool of this size can run, in the flags' words."""
-    if args.num_blocks is not None:
-        source = "given"
-    elif kv_cache_gb is not None:
-        source = f"what --kv-cache-gb={kv_cache_gb:g} holds"
-    else:
-        source = "the default"
-    flag, value = ("--n", args.n) if args.n > 1 else ("--beam-width", args.beam_width)
-    together = e.num_seqs > 1    # a prompt's forked samples or beams, which need room at once
-    return (f"PROMPT {e.prompt_index + 1}" + (f" with {flag}={value}" if together else "")
-            + f": {e.num_seqs} sequence(s) of up to {e.final_len} tokens do not fit, even alone,"
-            f" in the pool's {blocks:,} blocks of --block-size={args.block_size} ({source}); "
-            "expected a larger --num-blocks or --kv-cache-gb, or a smaller --max-tokens"
-            + (f" or {flag}" if together else ""))
-
-
 def generate(args) -> int:
-    _check_flags(args)
+    check_flags(args)
+    check_prompts(args)
     need_torch()
     import torch
 
@@ -230,7 +203,7 @@ def generate(args) -> int:
     err = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, n=args.n, beam_width=args.beam_width,
-                            seed=args.seed)
+                            seed=args.seed or 0)
     model, tokenizer, prompts = _load(args)
     t0 = time.perf_counter()
     if args.reference:
@@ -240,6 +213,7 @@ def generate(args) -> int:
         summary = "reference generator (contiguous cache per sequence)"
     else:
         from minipaged.model.engine import LLM, PoolTooSmallError
+        from minipaged.model.runner import BackendUnavailableError
 
         pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
         kv = (pools * args.block_size
@@ -257,11 +231,13 @@ def generate(args) -> int:
                  else f"the default {blocks} blocks")
         refuse_if_too_big(f"{given} x --block-size={args.block_size} (the KV pool)",
                           blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
-        llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
-                  block_size=args.block_size, kv_cache_gb=kv_cache_gb,
-                  enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
-                  chunked_prefill=(args.chunked_prefill > 0) or None,
-                  max_num_batched_tokens=args.chunked_prefill or None, backend=args.backend)
+        with flag_words({"backend": "--backend"}, (ValueError, BackendUnavailableError)):
+            llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
+                      block_size=args.block_size, kv_cache_gb=kv_cache_gb,
+                      enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
+                      chunked_prefill=(args.chunked_prefill > 0) or None,
+                      max_num_batched_tokens=args.chunked_prefill or None,
+                      backend=args.backend)
         show = [_progress(err)]
         if args.show_blocks:
             show.append(_block_drawer(err))
@@ -269,7 +245,7 @@ def generate(args) -> int:
         try:
             outs = llm.generate(prompts, params)
         except PoolTooSmallError as e:      # refused before any step
-            raise ValueError(_too_small(args, e, blocks, kv_cache_gb)) from None
+            raise ValueError(too_small(args, e, blocks, kv_cache_gb)) from None
         err.print(f"[dim]{llm.pool_note}[/dim]")
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "

@@ -83,9 +83,11 @@ def add_bench(sub) -> None:
     g = command(benches, "generate", "tokens/s of the paged engine vs the reference generator",
                 generate.__doc__, generate.run)
     num(g, "--requests", int, None, "concurrent requests (unset: 32; 16 with --model)")
-    num(g, "--max-tokens", int, 64, "new tokens per request, at most")
+    num(g, "--max-tokens", int, None, "new tokens per request, at most; not with --model, "
+        "whose lengths are --min-new to --max-new " + _unset(generate, "max_tokens"))
     num(g, "--block-size", int, 16, "token slots per block of the paged engine")
-    num(g, "--repeats", int, 3, "timed runs (the median is reported)", REPEATS)
+    num(g, "--repeats", int, None, "timed runs (the median is reported); not with --model, "
+        "which runs each generator once " + _unset(generate, "repeats"), REPEATS)
     hf = g.add_argument_group("with --model: the paged engine against transformers")
     path(hf, "--model", input_dir, "a Hugging Face model directory (needs transformers)",
          metavar="DIR")

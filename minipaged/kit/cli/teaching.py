@@ -7,10 +7,12 @@ the grader (``kit/grader/``), the interview drills (``kit/quiz/``) and the slide
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
@@ -21,8 +23,15 @@ from minipaged.kit.cli.args import (
     num,
     output_dir,
     path,
+    unset,
 )
-from minipaged.kit.cli.common import check_sim_size, reading, table
+from minipaged.kit.cli.common import (
+    check_sim_size,
+    flag_words,
+    reading,
+    refuse_unused,
+    table,
+)
 
 # ---- demo --------------------------------------------------------------------------------------
 
@@ -65,11 +74,16 @@ def add_demo(sub) -> None:
          metavar="DIR")
     p.add_argument("--list", action="store_true",
                    help="list the scenes and whether this checkout can play them")
+    p.set_defaults(not_listed=unset(p, "scene", "seed", "width", "speed", "autoplay", "svg",
+                                    "html"))
 
 
 def demo(args) -> int:
     from minipaged.kit import demo as player
 
+    if args.list:
+        refuse_unused(args, "--list lists the scenes and plays none", args.not_listed,
+                      "--list alone")
     return player.run(args)
 
 
@@ -96,13 +110,16 @@ MAX_TIMEOUT_S = 86400
 def add_check(sub) -> None:
     p = command(sub, "check", "grade an exercise with hidden tests", CHECK_HELP, check)
     p.add_argument("exercise", nargs="?", metavar="PATH|NUMBER",
-                   help="an exercise number (1-14) or the path of your file")
+                   help="an exercise number (1-14), its name (06_paged_gather) or the path of "
+                        "your file")
     p.add_argument("--list", action="store_true", help="list the exercises and exit")
     p.add_argument("--solution", action="store_true",
-                   help="grade exercises/solutions/NN_*.py instead (spoiler)")
+                   help="with a number or a name: grade exercises/solutions/NN_*.py instead "
+                        "(spoiler)")
     num(p, "--timeout", float, 20.0, "seconds the import or one case may run before it is "
         "stopped, so an endless loop is reported instead of hanging (0 = no limit)",
         bounds(low=0, high=MAX_TIMEOUT_S))
+    p.set_defaults(not_listed=unset(p, "exercise", "solution", "timeout"))
 
 
 def check(args) -> int:
@@ -110,6 +127,9 @@ def check(args) -> int:
     from minipaged.kit.grader.report import print_report
 
     console = Console()
+    if args.list:
+        refuse_unused(args, "--list lists the exercises and grades none", args.not_listed,
+                      "--list alone")
     if args.list or args.exercise is None:
         t = table("exercises (minipaged check NUMBER)", ("#", "file", "topic", "cases"),
                   left=("file", "topic"))
@@ -117,7 +137,14 @@ def check(args) -> int:
             t.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
         console.print(t)
         return 0 if args.list else 2
-    exercise, path = resolve(args.exercise, solution=args.solution)
+    if Path(args.exercise).is_file():   # unreadable is not "no EXERCISE line" (resolve's view)
+        try:
+            Path(args.exercise).open("rb").close()
+        except OSError as e:
+            raise ValueError(f"exercise file {args.exercise!r} cannot be read: "
+                             f"{e.strerror or e}") from None
+    with flag_words({"solution": "--solution"}):
+        exercise, path = resolve(args.exercise, solution=args.solution)
     result = grade(exercise, path, timeout_s=args.timeout)
     print_report(result, console)
     return 0 if result.passed else 1
@@ -150,6 +177,7 @@ def add_quiz(sub) -> None:
     p.add_argument("--glossary", action="store_true", help="print the glossary and exit")
     num(p, "--num-requests", int, 300, "requests per simulation behind the answers")
     num(p, "--seed", int, 0, "simulation seed", NON_NEGATIVE)
+    p.set_defaults(drill_options=unset(p, "list", "answers", "only", "num_requests", "seed"))
 
 
 def quiz(args) -> int:
@@ -157,6 +185,10 @@ def quiz(args) -> int:
     from minipaged.kit.quiz.glossary import glossary_table
 
     console = Console()
+    for flag, doing in (("glossary", "prints the glossary"), ("list", "lists the drills")):
+        if getattr(args, flag):   # what either prints needs no drill, answer or simulation
+            refuse_unused(args, f"--{flag} {doing} and runs no drill", {
+                k: v for k, v in args.drill_options.items() if v[0] != flag}, f"--{flag} alone")
     if args.glossary:
         console.print(glossary_table())
         return 0
@@ -237,9 +269,10 @@ def present(args) -> int:
         return 0
     if args.check_figures:
         bad = list(figures.stale(out))
-        if bad:
+        if bad:   # the same folder: without --figures-dir the build would write slides/figures
+            where = f" --figures-dir {shlex.quote(args.figures_dir)}" if args.figures_dir else ""
             console.print(f"[red]stale or missing figures:[/] {', '.join(bad)}\n"
-                          f"regenerate with: minipaged present --build-figures")
+                          f"regenerate with: minipaged present --build-figures{escape(where)}")
             return 1
         console.print("every figure is up to date")
         return 0

@@ -63,6 +63,10 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
         raise ValueError(f"exercise {spec!r} is empty; expected a number or a .py file")
     path = Path(spec)
     if path.suffix == ".py" or path.exists():
+        if solution:
+            raise ValueError(f"{spec!r} is a path, which solution=True would not use (it grades "
+                             "the reference solution of an exercise named by its number or "
+                             "name); expected a number or an exercise name, or the path alone")
         if path.is_dir():
             raise ValueError(f"exercise file {spec!r} is a directory; expected a .py file")
         if not path.is_file():
@@ -76,7 +80,8 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
     if not number.isdigit():
         raise ValueError(f"exercise {spec!r} is neither a number nor a .py file; "
                          f"expected one of {known}")
-    matches = [e for e in exercises.values() if e.number == int(number)]
+    matches = [e for e in exercises.values()   # "06_wrongname" is not exercise 6
+               if spec == e.name or (spec == number and e.number == int(number))]
     if not matches:
         raise ValueError(f"there is no exercise {spec!r}; expected one of {known}")
     file = exercises_dir() / ("solutions" if solution else "") / f"{matches[0].name}.py"
