@@ -32,6 +32,7 @@ def _files(tmp: Path) -> dict[str, str]:
         "array": "[1, 2]\n", "no_output": '{"prompt_len": 5}\n', "empty": "",
         "negative": '{"prompt_len": -1, "output_len": 5}\n',
         "nan_arrival": '{"prompt_len": 5, "output_len": 5, "arrival_s": NaN}\n',
+        "timed": '{"prompt_len": 5, "output_len": 5, "arrival_s": 0.5}\n',
         "too_long": '{"prompt_len": 5000, "output_len": 5}\n', "unclosed": "---\nmarp: true\n# x\n",
         "bad_demo": "# one\n\n---\n\n# two\n<!-- demo: nope -->\n",
     }

@@ -101,6 +101,8 @@ CASES: list[tuple[str, str]] = [
     ("simulate --workload {negative}", "field 'prompt_len' = -1 must be an int >= 1"),
     ("simulate --workload {nan_arrival}", "field 'arrival_s' = nan must be a number >= 0"),
     ("simulate --workload {too_long}", "leaves no room to generate"),
+    ("simulate --workload {timed} --request-rate 5", "gives each request's arrival_s: "
+                                                     "--request-rate=5.0 would not be used"),
     ("simulate --json {missing_dir}/out.json", "is in a folder that does not exist"),
     ("simulate --json {dir}", "is a directory; expected a file name to write"),
     ("simulate --num-requests 5 --json /dev/full", "--json='/dev/full' cannot be written"),

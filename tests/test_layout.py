@@ -184,8 +184,11 @@ def test_package_does_not_grow():
     # greedy decoding or beam search, bench generate --model's --max-tokens and --repeats, the
     # arguments of --list and --glossary, check --solution with a path), a --max-model-len above
     # the model's positions (refused as vLLM refuses it), messages in flag words (PROMPT,
-    # --backend, --svg, beams on a long-context model) and the exit statuses in one place.
+    # --backend, --svg, beams on a long-context model) and the exit statuses in one place;
+    # 18,365 for a --request-rate refused with a timed trace, rates printed to 3 significant
+    # digits where 0 decimals said 0, and a clear error for an experiment's run too short to
+    # sample.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18351, f"the package is {total} lines (> 18,351)"
+    assert total <= 18365, f"the package is {total} lines (> 18,365)"

@@ -144,7 +144,7 @@ def test_experiment_json_with_numeric_keys(tmp_path):
 
 def test_simulate_titles_a_trace_with_its_own_count_and_clock(tmp_path, capsys):
     """The title states what ran: the trace's request count (not --num-requests), and for a
-    trace with arrival times, those times instead of a --request-rate it does not use."""
+    trace with arrival times, those times (a --request-rate it would not use is refused)."""
     untimed = tmp_path / "one.jsonl"
     untimed.write_text('{"prompt_len": 10, "output_len": 5}\n')
     assert main(["simulate", "--workload", str(untimed), "--request-rate", "3"]) == 0
@@ -153,9 +153,10 @@ def test_simulate_titles_a_trace_with_its_own_count_and_clock(tmp_path, capsys):
     timed = tmp_path / "two.jsonl"
     timed.write_text('{"prompt_len": 10, "output_len": 5, "arrival_s": 0}\n'
                      '{"prompt_len": 10, "output_len": 5, "arrival_s": 1.5}\n')
-    assert main(["simulate", "--workload", str(timed), "--request-rate", "3"]) == 0
+    assert main(["simulate", "--workload", str(timed)]) == 0
     title = " ".join(capsys.readouterr().out.split())
-    assert "2 requests at the trace's arrival times (--request-rate is not used)" in title
+    assert "2 requests at the trace's arrival times" in title
+    assert main(["simulate", "--workload", str(timed), "--request-rate", "3"]) == 2
 
 
 # ---- nothing hangs ----------------------------------------------------------------------------

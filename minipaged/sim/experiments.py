@@ -46,6 +46,9 @@ POLICIES = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 def _usage(r: SimResult) -> tuple[dict[str, float], float]:
     """KV usage while requests queue (the whole run's when none did) and the share in use."""
     u = r.kv_usage_saturated or r.kv_usage
+    if u is None:
+        raise ValueError(f"a run of {r.num_steps} steps ended before its first usage snapshot; "
+                         "expected more requests")
     return u, 1.0 - u["free"]
 
 
@@ -82,7 +85,8 @@ def fig2(num_requests: int = 1000, seed: int = 0, console=None) -> dict:
         out[pol] = {"usage": u, "token_share_of_used": u["token"] / used if used else 0.0,
                     "avg_batch_size": r.avg_batch_size, "paper": PAPER_FIG2[pol]}
     if console is not None:
-        t = table(f"Experiment 1 (Fig. 2): KV memory while requests queue, ShareGPT, "
+        t = table(f"Experiment 1 (Fig. 2): KV memory while requests queue (else over the whole "
+                  f"run), ShareGPT, "
                   f"{num_requests} requests, seed {seed}; ours (paper, read off Fig. 2)",
                   ("policy", "token", "reserved", "internal frag.", "external frag. + free",
                    "token / used"))

@@ -173,8 +173,9 @@ def _load(args):
             with reading("--checkpoint", args.checkpoint):
                 return load_model(args.checkpoint), None, args.prompts
         except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as e:
+            # torch's own reason is a paragraph (weights_only advice): its first sentence says it
             raise ValueError(f"--checkpoint={args.checkpoint!r} is not a minipaged checkpoint "
-                             f"({describe(e)})") from None
+                             f"({describe(e).split('. ')[0].rstrip('.')})") from None
     if args.checkpoint is not None:
         raise ValueError("--checkpoint is the tiny model's; it cannot go with --model")
     try:

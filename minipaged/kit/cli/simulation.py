@@ -26,6 +26,7 @@ from minipaged.kit.cli.common import (
     flag_words,
     progress_bar,
     reading,
+    refuse_unused,
     table,
     write_json,
 )
@@ -48,6 +49,12 @@ examples:
   minipaged simulate --workload trace.jsonl --policy orca-oracle
 """
 
+def _rate(x: float, decimals: int) -> str:
+    """``x`` to ``decimals`` places, or to 3 significant digits where those would print 0."""
+    text = f"{x:.{decimals}f}"
+    return text if x == 0 or float(text) != 0 else f"{x:.3g}"
+
+
 SUMMARY_ROWS = (
     *((label, lambda r, k=key: pct(r.kv_usage and r.kv_usage[k])) for label, key in (
         ("token states (of KV memory)", "token"), ("reserved", "reserved"),
@@ -56,8 +63,8 @@ SUMMARY_ROWS = (
     ("token states while queued", lambda r: pct(
         None if r.kv_usage_saturated is None else r.kv_usage_saturated["token"])),
     ("avg batch size (seqs/decode step)", lambda r: f"{r.avg_batch_size:.1f}"),
-    ("throughput (tokens/s)", lambda r: f"{r.throughput_tokens_per_s:.0f}"),
-    ("throughput (requests/s)", lambda r: f"{r.throughput_requests_per_s:.3f}"),
+    ("throughput (tokens/s)", lambda r: _rate(r.throughput_tokens_per_s, 0)),
+    ("throughput (requests/s)", lambda r: _rate(r.throughput_requests_per_s, 3)),
     ("normalized latency (s/token)", lambda r: f"{r.normalized_latency_s_per_token:.4f}"),
     ("preemptions (swap / recompute)",
      lambda r: f"{r.num_preemptions} ({r.num_swapped_out} / {r.num_recomputed})"),
@@ -128,7 +135,11 @@ def simulate(args) -> int:
                                max_model_len=PRESETS[args.model].model.max_model_len)
         num_requests = min(num_requests, len(trace))
         if has_arrival_times(args.workload):
-            rate = "at the trace's arrival times (--request-rate is not used)"
+            refuse_unused(args, f"--workload={args.workload!r} gives each request's arrival_s",
+                          {"--request-rate": ("request_rate", math.inf)},
+                          "the trace without --request-rate (it draws arrivals for a trace "
+                          "without times)")
+            rate = "at the trace's arrival times"
     with flag_words(SIMULATE_FLAGS):
         cfg = SimConfig(workload=args.workload, policy=args.policy,
                         num_requests=args.num_requests, request_rate=args.request_rate,

@@ -137,12 +137,6 @@ def check(args) -> int:
             t.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
         console.print(t)
         return 0 if args.list else 2
-    if Path(args.exercise).is_file():   # unreadable is not "no EXERCISE line" (resolve's view)
-        try:
-            Path(args.exercise).open("rb").close()
-        except OSError as e:
-            raise ValueError(f"exercise file {args.exercise!r} cannot be read: "
-                             f"{e.strerror or e}") from None
     with flag_words({"solution": "--solution"}):
         exercise, path = resolve(args.exercise, solution=args.solution)
     result = grade(exercise, path, timeout_s=args.timeout)

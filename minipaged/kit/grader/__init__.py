@@ -71,6 +71,10 @@ def resolve(spec: str, *, solution: bool = False) -> tuple[Exercise, Path]:
             raise ValueError(f"exercise file {spec!r} is a directory; expected a .py file")
         if not path.is_file():
             raise ValueError(f"exercise file {spec!r} does not exist")
+        try:  # an unreadable file is not one without an EXERCISE line
+            path.open("rb").close()
+        except OSError as e:
+            raise ValueError(f"exercise file {spec!r} cannot be read: {e.strerror or e}") from None
         name = exercise_name_in(path) or path.stem
         if name not in exercises:
             raise ValueError(f"{spec!r} has no EXERCISE = \"NN_name\" line and its file name "
