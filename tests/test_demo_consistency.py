@@ -208,8 +208,10 @@ def _preempt(scene, frame, m):
         assert nb == m.num_blocks
         assert need == sum(-(-f // m.block_size) for f in scene.final.values())
         return
-    running, waiting = re.match(r"Decode step \d+: running (.*); waiting (.*)\.$",
-                                frame.caption).groups()
+    mixed, running, waiting = re.match(r"Decode step \d+( \(a prefill and the decodes in one "
+                                       r"step\))?: running (.*); waiting (.*)\.$",
+                                       frame.caption).groups()
+    assert bool(mixed) == any("re-admitted" in e.text for e in frame.events)
     live = [s for s in m.seq_ids if not m.is_swapped(s)]
     assert running == (", ".join(live) or "nobody")
     swapped = re.findall(r"(\w) \(swapped\)", waiting)

@@ -103,19 +103,21 @@ def _beam(colors) -> dict[str, Drawing]:
     for i, s in enumerate(("A", "B", "C")):            # step 1: each beam its own token
         m.append_slot(s, 100 + i)
     m.take_copies()
-    # Step 2: A is the best candidate twice, B once, C not at all. Fork first, then free:
-    # freeing C first could free a block that a surviving beam still needs.
-    m.fork("A", "D")
+    # Step 2: A is the best candidate twice, B once, C not at all. As sharing/sampling.py's
+    # BeamSearch does, the dropped beam is freed first, so its blocks can serve the copies
+    # (reference counts keep the survivors' shared blocks alive in either order).
     c_blocks = m.block_table("C")
     m.free("C")
     freed = [b for b in c_blocks if m.ref_count(b) == 0]
+    m.fork("A", "D")
     slots = [m.append_slot(s, 200 + i) for i, s in enumerate(("A", "B", "D"))]
     copies = m.take_copies()
     first = m.block_table("A")[0]
     drawing = draw(read_state(m), colors(m.seq_ids), [
         f"Beam search, width 3, step 2: beam A is extended twice (D is a fork of A), B once, and "
-        f"C is dropped: fork first, then free (C's blocks {blocks_text(c_blocks)} lose one "
-        f"reference each; {blocks_text(freed)} is free again). Then each beam appends its token: "
+        f"C is dropped: C is freed first (its blocks {blocks_text(c_blocks)} lose one reference "
+        f"each; {blocks_text(freed)} is free again), then A is forked. Each beam appends its "
+        f"token: "
         + (", ".join(f"#{s} is copied to #{d}" for s, d in copies) or "no copy") +
         f". The prompt's block #{first} is shared by all {m.ref_count(first)} beams."],
         "beam search", Marks(copies={d: s for s, d in copies}, written=set(slots)))

@@ -120,11 +120,14 @@ def gqa(ctx: Context) -> Answer:
        "Why does a bigger batch give more throughput? What does a decode step read?")
 def decode_traffic(ctx: Context) -> Answer:
     p, cost = opt_13b()
-    figures = [("weights read per step", nbytes(p.model.weight_bytes))]
+    ctx_len = p.num_token_slots // 32 // 50 * 50  # contexts that 32 sequences fit in the cache
+    figures = [("weights read per step", nbytes(p.model.weight_bytes)),
+               ("KV token slots of the cache (batch x context must fit)",
+                f"{p.num_token_slots:,}")]
     for batch in (8, 32):
-        t = cost.step_time(batch, batch * 1000)
-        figures.append((f"batch {batch} x 1000-token contexts: KV read / step time / tok/s",
-                        f"{nbytes(batch * 1000 * p.model.kv_bytes_per_token)} / "
+        t = cost.step_time(batch, batch * ctx_len)
+        figures.append((f"batch {batch} x {ctx_len}-token contexts: KV read / step time / tok/s",
+                        f"{nbytes(batch * ctx_len * p.model.kv_bytes_per_token)} / "
                         f"{1e3 * t:.1f} ms / {batch / t:.0f}"))
     return Answer(
         "A decode step reads every weight once whatever the batch, plus every running sequence's "

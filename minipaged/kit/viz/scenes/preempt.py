@@ -103,8 +103,12 @@ class PreemptScene(Scene):
                     events.append(Event("free", f"{sid} finished at {self.final[sid]} tokens"))
             waiting = ", ".join([f"{s} (swapped)" for s in swapped] +
                                 [f"{s} (to recompute)" for s in recompute]) or "nobody"
-            yield self._frame(f"Decode step {step}: running {', '.join(running) or 'nobody'}; "
-                              f"waiting {waiting}.", events)
+            # A re-admitted request's prefill shares the step with the decodes, as vLLM v1 (or v0
+            # with chunked prefill) schedules them; v0's default would give it a step of its own.
+            mixed = " (a prefill and the decodes in one step)" if any(
+                "re-admitted" in e.text for e in events) else ""
+            yield self._frame(f"Decode step {step}{mixed}: running "
+                              f"{', '.join(running) or 'nobody'}; waiting {waiting}.", events)
 
     def _check(self) -> Event:
         return self.kv.check([s for s in self.manager.seq_ids if not self.manager.is_swapped(s)])
