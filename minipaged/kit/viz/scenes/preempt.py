@@ -117,5 +117,5 @@ class PreemptScene(Scene):
         lens = {s: f for s, f in self.final.items() if s in self.manager.seq_ids}
         free_cpu = f"CPU pool: {self.manager.num_free_cpu_blocks} of {NUM_CPU_BLOCKS} blocks free"
         view = read_pool(self.manager)
-        return self.pool_frame(caption, events, cpu_pool(view, self.labels), free_cpu,
-                               view=view, final_lens=lens)
+        return self.pool_frame(caption, events, cpu_pool(view, self.labels),  # "empty" says all
+                               *([free_cpu] if view.swapped else []), view=view, final_lens=lens)
