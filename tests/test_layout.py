@@ -188,8 +188,10 @@ def test_package_does_not_grow():
     # 18,365 for a --request-rate refused with a timed trace, rates printed to 3 significant
     # digits where 0 decimals said 0, and a clear error for an experiment's run too short to
     # sample; 18,374 for a drill whose batch fits its cache, the beam figure drawn in
-    # BeamSearch's order (free, then fork) and the preempt scene's mixed step said so.
+    # BeamSearch's order (free, then fork) and the preempt scene's mixed step said so; 18,380
+    # when the kernels' comments said which version is the online walk, which parts of v1 are
+    # vLLM's design and where 32-byte sectors hold.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18374, f"the package is {total} lines (> 18,374)"
+    assert total <= 18380, f"the package is {total} lines (> 18,380)"

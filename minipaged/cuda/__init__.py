@@ -1,7 +1,8 @@
 """minipaged.cuda: the PagedAttention kernels in CUDA, runnable on a GPU (CuPy) or on the CPU.
 
 The last stage of the course: the NumPy walk over a block table (minipaged/paged/
-paged_attention.py, method="online") written as CUDA kernels. One .cu text, two runners:
+paged_attention.py) written as CUDA kernels: version 0 is its method="online", versions 1-4 keep
+the logits in shared memory as vLLM's kernel does. One .cu text, two runners:
 
     backend="cupy"  NVRTC compiles the kernels; CuPy arrays or torch CUDA tensors in and out
     backend="cpu"   g++ compiles the same text against emu/cuda_emu.h, which emulates threads,

@@ -33,8 +33,8 @@ BACKENDS = ("cpu", "cupy")
 MAX_GRID_YZ = 65535             # gridDim.y and gridDim.z limit of every CUDA GPU since sm_30
 SMEM_LIMIT_SM90 = 227 * 1024    # the most shared memory one block may opt in to on sm_90
 #                                 (CUDA C++ Programming Guide, compute capabilities table);
-#                                 the CPU harness enforces it too, so what runs here launches
-#                                 on an H100/H200
+#                                 this file applies it on backend="cpu" too, so what runs
+#                                 here launches on an H100/H200
 # vLLM's rule for v1 or v2 (v0 releases, vllm/attention/ops/paged_attn.py, forward_decode):
 # v1 when max_seq_len <= 8192 and (one partition, or num_seqs * num_heads > 512)
 SINGLE_PASS_MAX_LEN = 8192

@@ -1,11 +1,12 @@
 // paged_attention.cu: decode attention that reads K and V through block tables, on a GPU.
 //
 // Where this sits: the last stage of the course. minipaged/paged/paged_attention.py computes the
-// same thing in NumPy with method="online"; this file is that walk over the block table,
-// written for CUDA threads. Paper: vLLM (Kwon et al., SOSP 2023) section 4.1 and Fig. 18a; GQA:
-// Ainslie et al., EMNLP 2023. The climb is three files: paged_attention_v0.cu (version 0, read
-// it first), this one (versions 1 to 4), paged_attention_reduce.cu (the partitions' merge).
-// Read next: paged_attention_reduce.cu, then cache_kernels.cu and kernels.py.
+// same thing in NumPy; version 0 is its method="online" in C, and versions 1-4 here walk the same
+// block table with CUDA threads but keep the logits in shared memory. Paper: vLLM (Kwon et al.,
+// SOSP 2023) section 4.1 and Fig. 18a; GQA: Ainslie et al., EMNLP 2023. The climb is three files:
+// paged_attention_v0.cu (version 0, read it first), this one (versions 1 to 4),
+// paged_attention_reduce.cu (the partitions' merge). Read next: paged_attention_reduce.cu, then
+// cache_kernels.cu and kernels.py.
 //
 // Compile (the same text, three compilers; common.cuh has the few lines that differ):
 //   nvcc   python -c "from minipaged.cuda import kernels; print(kernels.nvcc_source())" > k.cu
@@ -21,10 +22,11 @@
 //   v0  one thread per (sequence, head): the online softmax of attention.py in registers.
 //       Obviously right, hopelessly slow: S*H threads (a few warps for a decode batch), each
 //       reading K D/32 times, nothing coalesced. The reference for the rest.
-//   v1  one thread block (128 threads) per (head, sequence): logits in shared memory, lanes
-//       share a token's q.k, V read with lane = output dimension. vLLM's design (csrc/attention/
-//       attention_kernels.cuh). Limits: S*H blocks; the longest sequence's logits in shared
-//       memory (about 58K tokens at most on an H100/H200).
+//   v1  one thread block (128 threads) per (head, sequence): logits in shared memory, lanes share a
+//       token's q.k: vLLM's grid and thread groups (csrc/attention/attention_kernels.cuh). V is
+//       read with lane = output dimension, minipaged's own pass for its [BS, D] V layout (vLLM
+//       loads vectors of tokens and shuffles). Limits: S*H blocks; the longest sequence's logits in
+//       shared memory (about 58K tokens at most on an H100/H200).
 //   v2  v1 per partition of 512 tokens, one block per (head, sequence, partition), plus a
 //       reduce kernel: more blocks for long contexts and few sequences, fixed shared memory.
 //   v3  v1 with one block per (KV head, sequence) computing all G = H/Hkv query heads that
@@ -57,7 +59,8 @@
 //   - The plain [NB, Hkv, BS, D] layout, not vLLM's x-packed key cache [NB, Hkv, D/x, BS, x]:
 //     one layout for NumPy and CUDA, K and V alike, so that key_cache[block, head, slot] is a
 //     token's key. The kernel compensates with neighbouring 16-byte loads per thread group
-//     (whole 32-byte sectors per warp load) and lane-per-dimension V reads (coalesced here).
+//     (whole 32-byte sectors per warp load for BS <= 16; at BS=32 each lane reads half a
+//     sector) and lane-per-dimension V reads (coalesced here).
 //   - Logits in shared memory: the softmax needs their max before any exponential; keeping
 //     them on chip avoids a second pass over K.
 //   - float32 inside: fp16 has 11 significant bits; sums over thousands of tokens need more.
@@ -69,9 +72,9 @@ namespace mp {
 // Versions 1-4: one thread block computes up to GROUP query heads (all sharing KV head
 // `kv_head`) of one sequence (of one partition: v2, v4). Grid: (Hkv * ceil(G / GROUP), S, P),
 // which for GROUP = 1 (v1, v2) is (H, S, P): one block per query head, vLLM's design.
-// Dynamic shared memory: logits [min(G, GROUP)][stride] as float, stride = ceil(max seq_len /
-// BS) * BS (single pass) or PARTITION_SIZE, and at least NUM_WARPS * D (the buffer is reused for
-// the warps' partial outputs at the end).
+// Dynamic shared memory: logits [min(G, GROUP)][stride] as float, stride = this sequence's
+// length rounded up to BS (single pass; the buffer is sized for the longest) or PARTITION_SIZE,
+// and at least NUM_WARPS * D (the buffer is reused for the warps' partial outputs at the end).
 //
 // __launch_bounds__(NUM_THREADS, 4): a register budget for ptxas, at least 4 blocks (16 warps)
 // per SM, so at most 128 registers per thread. Without a stated minimum NVRTC 12.9's ptxas kept
@@ -174,7 +177,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 4) paged_attention_kernel(
       for (int g = 0; g < GROUP; g++) dot[g] = 0.f;
       // Each lane loads 16 bytes at a time, and the lanes of a group take neighbouring 16-byte
       // pieces of the row, so one warp-wide load reads whole 32-byte memory sectors (with
-      // BS=16: 16 rows x 2 lanes x 16 B). vLLM gets the same effect from its x-packed layout.
+      // BS=16: 16 rows x 2 lanes x 16 B; at BS=32 a group is one lane, half a sector). vLLM gets
+      // whole sectors at every block size from its x-packed layout.
       for (int i = 0; i < VECS_PER_LANE; i++) {
         const int d0 = (i * THREAD_GROUP_SIZE + group_lane) * VEC;
         const Vec<scalar_t, VEC> k_vec = *reinterpret_cast<const Vec<scalar_t, VEC>*>(k_row + d0);
@@ -210,10 +214,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 4) paged_attention_kernel(
   }
   __syncthreads();
 
-  // 4. Exponentials, in place, and their sums per head. Subtracting the max keeps expf <= 1. (From here on the per-head values live
-  //    in shared memory, not in register arrays: a loop over g that holds a barrier or runs to
-  //    the run-time n may not be unrolled, and then a register array indexed by g would go to
-  //    local memory, which ptxas reports as a stack frame.)
+  // 4. Exponentials, in place, and their sums per head. Subtracting the max keeps expf <= 1.
+  //    (From here on the per-head values live in shared memory, not in register arrays: a loop over
+  //    g that holds a barrier or runs to the run-time n may not be unrolled, and then a register
+  //    array indexed by g would go to local memory, which ptxas reports as a stack frame.)
   for (int g = 0; g < n; g++) {
     const float m = head_max<NUM_WARPS>(max_s[g]);
     float s = 0.f;

@@ -9,9 +9,9 @@ namespace mp {
 
 // Version 0: one thread computes one query head of one sequence, alone. Grid: (ceil(S*H / NT));
 // block: NT threads, thread i of the grid takes row i = seq * H + head. No shared memory, no
-// shuffles, no barriers: it is attention.py's online softmax (lesson 01) written in C. A thread
-// cannot keep D accumulators in registers for D=128 beside everything else without spilling, so
-// it makes D/DIMS passes over the sequence, each producing DIMS output dimensions (and
+// shuffles, no barriers: it is attention.py's online softmax (online_step, lesson 03) written in C.
+// A thread cannot keep D accumulators in registers for D=128 beside everything else without
+// spilling, so it makes D/DIMS passes over the sequence, each producing DIMS output dimensions (and
 // recomputing every logit): simple, and slow on purpose.
 template <typename scalar_t, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void paged_attention_v0_kernel(
