@@ -68,6 +68,11 @@ def test_sim_config_refuses_a_workload_that_is_not_one(tmp_path):
     (dict(num_slots=3), "num_slots=3 holds 3 token slots, less than one block"),
     (dict(kv_cache_gb=1e-6, policy="orca-max"), "kv_cache_gb=1e-06 holds no token slot"),
     (dict(max_num_batched_tokens=100), "max_num_batched_tokens=100 must be >= max_model_len=2048"),
+    (dict(request_rate=-1), "request_rate=-1.0 must be > 0"),
+    (dict(request_rate=1e-320), "request_rate=1e-320 must be > 0 with a finite mean gap"),
+    (dict(n=2, beam_width=2, sharing="prefix"), "n=2 and beam_width=2: at most one of them"),
+    (dict(policy="orca-max", num_slots=10), "num_slots=10 holds 10 token slots, fewer than one "
+     "region of max_model_len=2048"),
 ])
 def test_sim_config_refuses_settings_the_run_would_ignore(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -144,3 +149,23 @@ def test_flag_words_rewrite_parameters_only():
     assert in_flag_words(said, SIMULATE_FLAGS) == (
         "--policy=orca-max would ignore --prefix-caching, --block-size=8 and --n=2 (n samples); "
         "expected a smaller --block-size, max_model_len=2048 kept")
+
+
+def test_sim_config_stores_what_it_checked(tmp_path):
+    """A NumPy int is kept as an int (the result's JSON holds it), a rate that is not a number
+    is refused by name, and a trace that gives arrival times refuses a request_rate it would not
+    use."""
+    import json
+
+    import numpy as np
+
+    r = simulate(SimConfig(seed=np.int64(3), num_requests=np.int64(5)))
+    assert type(r.config["seed"]) is int and json.dumps(r.as_dict())
+    for bad in ("5", None, True):
+        with pytest.raises(TypeError, match="request_rate=.* must be a number"):
+            SimConfig(request_rate=bad)
+    timed = tmp_path / "timed.jsonl"
+    timed.write_text('{"prompt_len": 5, "output_len": 5, "arrival_s": 0.5}\n')
+    with pytest.raises(ValueError, match="gives each request's arrival_s: request_rate=5.0 would"):
+        SimConfig(workload=str(timed), request_rate=5.0)
+    assert SimConfig(workload=str(timed)).request_rate == math.inf

@@ -148,3 +148,28 @@ def test_trace_arrivals_and_the_model_length(tmp_path):
     # A run shorter than its first usage snapshot has no usage figures, not zeros.
     r = simulate(SimConfig(workload=str(long), model="llama-3-8b", num_requests=1))
     assert r.num_steps < 16 and r.kv_usage is None
+
+
+def test_workload_arguments_are_checked_by_name(tmp_path):
+    """num_requests of a trace was a slice (-1 dropped the last request), and seeds, lengths and
+    rates reached NumPy unchecked; a blank or non-object first line is no arrival time."""
+    from minipaged.sim.workloads import has_arrival_times
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"prompt_len": 5, "output_len": 5}\n' * 3)
+    for n, err in ((-1, ValueError), (0, ValueError), (True, TypeError), (2.5, TypeError)):
+        with pytest.raises(err, match="num_requests="):
+            make_workload(str(trace), n)
+    for kw, err in ((dict(seed=-1), ValueError), (dict(seed=1.5), TypeError),
+                    (dict(seed=None), TypeError), (dict(max_model_len=13.5), TypeError),
+                    (dict(request_rate=1e-320), ValueError)):
+        with pytest.raises(err, match=next(iter(kw)) + "="):
+            synthetic("alpaca", 3, **kw)
+        with pytest.raises(err, match=next(iter(kw)) + "="):
+            load_jsonl(trace, **kw)
+    with pytest.raises(TypeError, match="workload=5 must be a workload name or a path"):
+        make_workload(5, 2)
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    (tmp_path / "list.jsonl").write_text("[1]\n")
+    assert not has_arrival_times(tmp_path / "blank.jsonl")
+    assert not has_arrival_times(tmp_path / "list.jsonl")

@@ -155,3 +155,17 @@ def test_cpu_pool_bad_shape():
     assert (pool.key_cache[1] == 1.0).all()
     reshape_and_cache(np.zeros((1, 2, 4), np.float32), np.zeros((1, 2, 4), np.float32),
                       ok, ok.copy(), np.array([0]))
+
+
+def test_cache_blocks_refuses_a_swapped_out_sequence_and_changes_nothing():
+    """It recorded the sequence's computed blocks before it failed, so swap_in then cached blocks
+    whose K/V were never written and a new prompt hit them."""
+    m = KVCacheManager(8, 4, enable_prefix_caching=True, num_cpu_blocks=8)
+    m.allocate("d", [5, 6, 7, 8, 9, 10, 11, 12, 13], cache=False)
+    m.swap_out(["d"])
+    with pytest.raises(ValueError, match="seq_id='d' is swapped out"):
+        m.cache_blocks("d", 8)
+    m.swap_in(["d"])
+    assert m.allocate("e", [5, 6, 7, 8, 9, 10, 11, 12, 1]) == 0  # nothing was cached
+    with pytest.raises(KeyError, match="seq_id='zz' is not allocated"):
+        KVCacheManager(8, 4).cache_blocks("zz", 99)  # checked with prefix caching off too

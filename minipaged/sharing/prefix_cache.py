@@ -243,12 +243,12 @@ class PrefixCachingBlockManager(CowBlockManager):
     def cache_blocks(self, seq_id: SeqId, num_computed_tokens: int) -> None:
         """The first ``num_computed_tokens`` tokens have K/V (written this step or before): the
         full blocks among them become findable by hash."""
+        table, tokens, bs = self._table(seq_id), self._tokens[seq_id], self.block_size
+        n = check_int("num_computed_tokens", num_computed_tokens, low=0, high=len(tokens) + 1) // bs
         if not self.enable_prefix_caching:
             return
-        bs, tokens = self.block_size, self._token_list(seq_id)
-        n = check_int("num_computed_tokens", num_computed_tokens, low=0, high=len(tokens) + 1) // bs
         n = self._computed[seq_id] = max(self._computed[seq_id], n)
-        for i, (block, h) in enumerate(zip(self._tables[seq_id][:n], self._hashes[seq_id])):
+        for i, (block, h) in enumerate(zip(table[:n], self._hashes[seq_id])):
             if self.allocator.block_hash(block) is None:  # a full block not yet cached
                 self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
 

@@ -17,7 +17,12 @@ from minipaged.serving.memory_policy import POLICY_NAMES
 from minipaged.serving.scheduler import SchedulerConfig
 from minipaged.sim import nbytes
 from minipaged.sim.memory import MemoryPreset, preset
-from minipaged.sim.workloads import check_workload
+from minipaged.sim.workloads import (
+    WORKLOADS,
+    check_workload,
+    check_workload_args,
+    has_arrival_times,
+)
 
 
 @dataclass(frozen=True)
@@ -43,18 +48,25 @@ class SimConfig:
     usage_every: int | None = None    # steps between usage snapshots; None: auto
 
     def __post_init__(self) -> None:
+        # Each value is stored as it was checked (a NumPy int becomes an int, so the result's
+        # JSON can hold it); the dataclass is frozen, hence object.__setattr__.
+        def keep(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
         check_workload(self.workload)
         check_choice("policy", self.policy, POLICY_NAMES)
-        for name in ("num_requests", "n", "beam_width", "max_num_seqs"):
-            check_int(name, getattr(self, name), low=1)
-        check_int("seed", self.seed, low=0)
+        for name, low in (("num_requests", 1), ("n", 1), ("beam_width", 1), ("max_num_seqs", 1),
+                          ("block_size", 1)):
+            keep(name, check_int(name, getattr(self, name), low=low))
+        keep("request_rate", check_workload_args(request_rate=self.request_rate, seed=self.seed,
+                                                 max_model_len=2))
+        keep("seed", int(self.seed))
         check_choice("sharing", self.sharing, ("cow", "prefix"))
-        check_int("block_size", self.block_size, low=1)
         for name in ("enable_prefix_caching", "chunked_prefill"):
             check_bool(name, getattr(self, name))
         for name, low in (("num_slots", 1), ("swap_space_blocks", 0), ("usage_every", 1)):
             if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), low=low, high=SIZE_LIMIT)
+                keep(name, check_int(name, getattr(self, name), low=low, high=SIZE_LIMIT))
         if self.num_slots is not None and self.kv_cache_gb is not None:
             raise ValueError(f"num_slots={self.num_slots} and kv_cache_gb={self.kv_cache_gb!r} "
                              "both set the KV budget; give one")
@@ -77,6 +89,11 @@ class SimConfig:
                              f"block_size={self.block_size}; expected a smaller block_size{larger}"
                              if unit > 1 else f"{budget} holds no token slot; expected a larger "
                              "kv_cache_gb")
+        if unit == 1 and slots < p.model.max_model_len:  # ContiguousKVCache places one at least
+            raise ValueError(f"{budget} holds {slots:,} token slots, fewer than one region of "
+                             f"max_model_len={p.model.max_model_len} that policy={self.policy!r} "
+                             "must be able to reserve; expected a larger "
+                             + ("num_slots" if self.num_slots is not None else "kv_cache_gb"))
         if slots // unit >= SIZE_LIMIT:  # only a kv_cache_gb can get here: num_slots is bounded
             raise ValueError(f"{budget} holds {slots // unit:,} {what}; expected fewer than "
                              "2**31 (their ids are int32)")
@@ -101,6 +118,14 @@ class SimConfig:
             raise ValueError(f"policy={self.policy!r} reserves one contiguous region per request "
                              f"and would ignore {', '.join(paged_only)}: only policy='paged' "
                              f"uses {'it' if len(paged_only) == 1 else 'them'}")
+        if self.n > 1 and self.beam_width > 1:
+            raise ValueError(f"n={self.n} and beam_width={self.beam_width}: at most one of them "
+                             "may be above 1")
+        if self.request_rate != math.inf and self.workload not in WORKLOADS and \
+                has_arrival_times(self.workload):  # (a trace that does not parse: load_jsonl says)
+            raise ValueError(f"workload={str(self.workload)!r} gives each request's arrival_s: "
+                             f"request_rate={self.request_rate} would not be used; expected the "
+                             "default request_rate=inf with this trace")
         if self.sharing == "prefix" and self.n == 1:
             raise ValueError("sharing='prefix' is how the samples of a request share its prompt, "
                              "and n=1 (beam search forks its beams); expected n=2 or more")

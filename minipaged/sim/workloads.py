@@ -86,11 +86,28 @@ def solve_mu(mean: float, sigma: float, cap: float) -> float:
     return (lo + hi) / 2
 
 
+def check_workload_args(*, request_rate: object, seed: object, max_model_len: object,
+                        num_requests: object = 1) -> float:
+    """The arguments every workload takes, checked by name; returns ``request_rate`` as a float:
+    > 0 (inf: all at t=0) and not so small that the mean gap 1/rate overflows."""
+    check_int("num_requests", num_requests, low=1)
+    check_int("seed", seed, low=0)
+    check_int("max_model_len", max_model_len, low=2)
+    numbers = (int, float, np.integer, np.floating)
+    if isinstance(request_rate, (bool, np.bool_)) or not isinstance(request_rate, numbers):
+        raise TypeError(f"request_rate={request_rate!r} must be a number, got "
+                        f"{type(request_rate).__name__}")
+    rate = float(request_rate)
+    if not rate > 0 or (rate != math.inf and not math.isfinite(1.0 / rate)):  # (NaN is not > 0)
+        raise ValueError(f"request_rate={rate} must be > 0 with a finite mean gap 1/rate (use inf "
+                         "for all at once)")
+    return rate
+
+
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (seconds) of ``n`` requests of a Poisson process with ``rate`` requests/s:
-    the gaps are independent exponentials with mean 1/rate. ``rate=inf`` puts all at t=0."""
-    if not (rate > 0):
-        raise ValueError(f"request_rate={rate} must be > 0 (use inf for all at once)")
+    """Arrival times (seconds) of ``n`` requests of a Poisson process with ``rate`` requests/s
+    (``check_workload_args`` checked it): the gaps are independent exponentials with mean
+    1/rate. ``rate=inf`` puts all at t=0."""
     if math.isinf(rate):
         return np.zeros(n)
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
@@ -101,8 +118,8 @@ def synthetic(name: str, num_requests: int, *, request_rate: float = math.inf, s
     """``num_requests`` requests shaped like the paper's ``sharegpt`` or ``alpaca`` trace."""
     if name not in WORKLOADS:
         raise ValueError(f"workload={name!r} is not one of {sorted(WORKLOADS)} (or a .jsonl file)")
-    check_int("num_requests", num_requests, low=1)
-    check_int("max_model_len", max_model_len, low=2)
+    request_rate = check_workload_args(request_rate=request_rate, seed=seed,
+                                       max_model_len=max_model_len, num_requests=num_requests)
     rng = np.random.default_rng(seed)
     dist_in, dist_out = WORKLOADS[name]
     cap = float(max_model_len - 1)
@@ -138,7 +155,12 @@ def has_arrival_times(path: str | Path) -> bool:
     """True when a trace ``load_jsonl`` accepts gives ``arrival_s`` (then on every line, so the
     first says it), and ``request_rate`` is not used."""
     with Path(path).open(encoding="utf-8") as f:
-        return json.loads(next(line for line in f if line.strip())).get("arrival_s") is not None
+        first = next((line for line in f if line.strip()), None)
+    try:
+        obj = None if first is None else json.loads(first)
+    except ValueError:  # not JSON: load_jsonl names the line
+        return False
+    return isinstance(obj, dict) and obj.get("arrival_s") is not None
 
 
 def load_jsonl(path: str | Path, *, request_rate: float = math.inf, seed: int = 0,
@@ -147,6 +169,8 @@ def load_jsonl(path: str | Path, *, request_rate: float = math.inf, seed: int = 
     ``arrival_s`` is optional but then required on every line (otherwise Poisson arrivals at
     ``request_rate`` are drawn with ``seed``). Outputs are capped so a request fits
     ``max_model_len``; a prompt that alone fills the model is an error. Blank lines are skipped."""
+    request_rate = check_workload_args(request_rate=request_rate, seed=seed,
+                                       max_model_len=max_model_len)
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"workload file {str(path)!r} "
@@ -199,9 +223,11 @@ def make_workload(spec: str, num_requests: int, *, request_rate: float = math.in
                   seed: int = 0, max_model_len: int = 2048) -> list[Request]:
     """``sharegpt`` / ``alpaca`` (synthetic), or the path of a JSONL trace (its first
     ``num_requests`` requests; all of them when the file holds fewer)."""
+    check_workload(spec)
     if spec in WORKLOADS:
         return synthetic(spec, num_requests, request_rate=request_rate, seed=seed,
                          max_model_len=max_model_len)
+    check_int("num_requests", num_requests, low=1)
     reqs = load_jsonl(spec, request_rate=request_rate, seed=seed, max_model_len=max_model_len)
     return reqs[:num_requests]
 

@@ -26,7 +26,6 @@ from minipaged.kit.cli.common import (
     flag_words,
     progress_bar,
     reading,
-    refuse_unused,
     table,
     write_json,
 )
@@ -134,11 +133,7 @@ def simulate(args) -> int:
             trace = load_jsonl(args.workload,
                                max_model_len=PRESETS[args.model].model.max_model_len)
         num_requests = min(num_requests, len(trace))
-        if has_arrival_times(args.workload):
-            refuse_unused(args, f"--workload={args.workload!r} gives each request's arrival_s",
-                          {"--request-rate": ("request_rate", math.inf)},
-                          "the trace without --request-rate (it draws arrivals for a trace "
-                          "without times)")
+        if has_arrival_times(args.workload):  # (SimConfig refuses a --request-rate then)
             rate = "at the trace's arrival times"
     with flag_words(SIMULATE_FLAGS):
         cfg = SimConfig(workload=args.workload, policy=args.policy,
