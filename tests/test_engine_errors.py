@@ -2,6 +2,7 @@
 
 Proofs:
     * bad arguments to LLM and to generate get errors that say what is wrong;
+    * a temperature so small that logits / T overflows decodes greedily;
     * runs that once hung finish (a preempted group of samples that cannot be swapped back in,
       an arrival far in the future), each under a time limit;
     * a generate interrupted mid-run (an exception or Ctrl-C in on_step, or in the first forward
@@ -52,6 +53,21 @@ def test_bad_inputs_get_clear_errors(model):
     with pytest.raises(ValueError, match=r"arrival_steps has 2 steps; expected one per prompt"):
         llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[0, 1])
     check_pool_full(llm)
+
+
+def test_a_tiny_temperature_decodes_greedily(model):
+    """softmax(logits / 1e-320) overflowed: inf - inf is NaN, and the last token ('~') was
+    picked at every step, by the engine and the reference alike."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    greedy = SamplingParams(max_tokens=12)
+    want = ReferenceGenerator(model).generate("3 4 5", greedy)[0].outputs[0].token_ids
+    for t in (1e-320, 5e-324, 1e-300):
+        p = SamplingParams(max_tokens=12, temperature=t, seed=1)
+        for gen in (LLM(model), ReferenceGenerator(model)):
+            assert gen.generate("3 4 5", p)[0].outputs[0].token_ids == want
 
 
 # ---- nothing hangs, and an interrupted call leaves nothing behind -----------------------------

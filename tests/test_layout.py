@@ -190,8 +190,9 @@ def test_package_does_not_grow():
     # sample; 18,374 for a drill whose batch fits its cache, the beam figure drawn in
     # BeamSearch's order (free, then fork) and the preempt scene's mixed step said so; 18,380
     # when the kernels' comments said which version is the online walk, which parts of v1 are
-    # vLLM's design and where 32-byte sectors hold.
+    # vLLM's design and where 32-byte sectors hold; 18,384 for sampling safe at any temperature
+    # (the largest logit subtracted before dividing: 1e-320 overflowed and picked '~').
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18380, f"the package is {total} lines (> 18,380)"
+    assert total <= 18384, f"the package is {total} lines (> 18,384)"

@@ -104,6 +104,30 @@ def test_sampling_is_reproducible_per_seed_sample_and_step(seed, index, step, te
         int(np.argmax(logits))
 
 
+def _plain_sample_token(logits, params, seed, index, step):
+    """sample_token as it was: softmax(logits / T) (overflows to NaN for a tiny T)."""
+    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    if 0 < params.top_k < z.shape[0]:
+        z = np.where(z >= np.sort(z)[-params.top_k], z, -np.inf)
+    cdf = np.cumsum(np.exp(z - z.max()))
+    u = np.random.default_rng([seed, index, step]).random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), z.shape[0] - 1))
+
+
+def test_a_tiny_temperature_is_greedy_and_others_draw_as_before():
+    """The largest logit is subtracted before dividing by T: a temperature so small that
+    logits / T overflowed (inf - inf = NaN picked the last token, '~') now gives the argmax,
+    and ordinary temperatures give the tokens the plain formula gave."""
+    rng = np.random.default_rng(0)
+    for k in range(2000):
+        logits = (rng.normal(size=VOCAB_SIZE) * rng.uniform(0.5, 8)).astype(np.float32)
+        for t in (1e-320, 5e-324, 1e-300, 1e-30):
+            p = SamplingParams(temperature=t, top_k=[0, 5][k % 2])
+            assert sample_token(logits, p, k, 0, 0) == int(np.argmax(logits))
+        p = SamplingParams(temperature=float(rng.uniform(0.05, 5)), top_k=[0, 5, 20][k % 3])
+        assert sample_token(logits, p, k, 1, 2) == _plain_sample_token(logits, p, k, 1, 2)
+
+
 def test_beam_step_keeps_best_and_finishes_eos():
     lp = np.log(np.full(8, 1e-9))
     a, b = lp.copy(), lp.copy()

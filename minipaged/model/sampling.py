@@ -119,12 +119,16 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, sample_i
     """The token for output position ``step`` of sample ``sample_index``; logits [V]."""
     if params.greedy:
         return int(np.argmax(logits))              # first maximum on ties
-    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    # The largest logit is subtracted before dividing: it becomes 0 and the rest <= 0, so a tiny
+    # temperature sends them to -inf (probability 0), the greedy choice, where logits / T would
+    # overflow to inf and inf - inf is NaN. Elsewhere z can move in its last ulp only.
+    z = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / params.temperature
     if 0 < params.top_k < z.shape[0]:
         kth = np.sort(z)[-params.top_k]
         z = np.where(z >= kth, z, -np.inf)
-    p = np.exp(z - z.max())
-    cdf = np.cumsum(p)
+    cdf = np.cumsum(np.exp(z))                     # the maximum is still 0: exp(z) <= 1
     u = np.random.default_rng([seed, sample_index, step]).random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), z.shape[0] - 1))
 
