@@ -8,6 +8,8 @@ still scores on held-out prompts what the training script reported.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -73,13 +75,31 @@ def test_held_out_starts_are_never_trained_on():
     (dict(n=0), ValueError, "n=0 is out of range: expected >= 1"),
     (dict(beam_width=0), ValueError, "beam_width=0 is out of range: expected >= 1"),
     (dict(beam_width=2, n=2), ValueError, "n must be 1"),
-    (dict(beam_width=2, temperature=1.0), ValueError, "temperature must be 0"),
     (dict(seed=-3), ValueError, "seed=-3 is out of range: expected >= 0"),
     (dict(seed=True), TypeError, "seed=True must be an integer, not a bool"),
-    (dict(stop=("",)), ValueError, "non-empty strings"),
+    (dict(stop=("",)), ValueError, "stop[0]='' is empty; expected non-empty strings"),
+    # what the decoding would not read (the command line's wording: kit/cli/common.py)
+    (dict(beam_width=2, temperature=1.0, seed=4), ValueError, "beam_width=2 runs beam search, "
+     "which keeps the likeliest beams and draws nothing at random: temperature=1.0, seed=4 "
+     "would not be used; expected beam_width without them"),
+    (dict(beam_width=2, top_k=3), ValueError, "top_k=3 would not be used"),
+    (dict(beam_width=2, stop=[" 49"], ignore_eos=True), ValueError, "beam_width=2 runs beam "
+     "search, whose hypotheses end at <eos> or after max_tokens steps: stop=(' 49',), "
+     "ignore_eos=True would not be used; expected beam_width without them"),
+    (dict(top_k=5, seed=3), ValueError, "temperature=0 (the default) decodes greedily, the "
+     "likeliest token at every step, and draws nothing at random: top_k=5, seed=3 would not be "
+     "used; expected a temperature above 0 with them"),
+    (dict(temperature=0.0, seed=0), ValueError, "seed=0 would not be used"),
+    # stop: a string or a sequence of strings, never read character by character or by key
+    (dict(stop=123), TypeError, "stop=123 must be a string or a sequence of strings, got int"),
+    (dict(stop=b"ab"), TypeError, "stop=b'ab' must be a string or a sequence of strings, got "
+     "bytes"),
+    (dict(stop={"a": 1}), TypeError, "stop={'a': 1} must be a string or a sequence of strings, "
+     "got dict"),
+    (dict(stop=["a", 1]), TypeError, "stop[1]=1 must be a string, got int"),
 ])
 def test_bad_sampling_params_get_clear_errors(kwargs, exc, words):
-    with pytest.raises(exc, match=words.replace("(", r"\(")):
+    with pytest.raises(exc, match=re.escape(words)):
         SamplingParams(**kwargs)
 
 

@@ -43,7 +43,6 @@ from minipaged.kit.cli.generation_checks import (
 )
 from minipaged.model.checkpoint import load_model
 from minipaged.model.pool import DEFAULT_KV_CACHE_GB, pool_size
-from minipaged.model.sampling import SamplingParams
 
 GENERATE_HELP = """\
 The tiny model completing prompts through the paged KV cache.
@@ -195,16 +194,13 @@ def _load(args):
 
 
 def generate(args) -> int:
-    check_flags(args)
+    params = check_flags(args)
     check_prompts(args)
     need_torch()
     import torch
 
     torch.set_num_threads(1)
     err = Console(stderr=True)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_k=args.top_k, n=args.n, beam_width=args.beam_width,
-                            seed=args.seed or 0)
     model, tokenizer, prompts = _load(args)
     t0 = time.perf_counter()
     if args.reference:
