@@ -73,6 +73,8 @@ CASES: list[tuple[str, str]] = [
                                             "--beam-width without them"),
     ("generate x --beam-width 2 --temperature 0.5 --seed 1", "--temperature=0.5, --seed=1 would "
                                                              "not be used"),
+    ("generate x --kv-cache-gb 1500", "--kv-cache-gb=1500 x --block-size=16 (the KV pool) would "
+                                      "need about 1.50 TiB"),
     ("generate x --block-size 0", "--block-size=0 must be >= 1"),
     ("generate x --block-size 1000000", "the default 256 blocks x --block-size=1000000 (the KV "
                                         "pool) would need about"),

@@ -1,7 +1,8 @@
 """The paged engine under bad input and interruption: clear errors, no hang, nothing left behind.
 
 Proofs:
-    * bad arguments to LLM and to generate get errors that say what is wrong;
+    * bad arguments to LLM and to generate get errors that say what is wrong, by the argument
+      the caller gave, before anything is allocated (a pool too big for memory);
     * a temperature so small that logits / T overflows decodes greedily;
     * runs that once hung finish (a preempted group of samples that cannot be swapped back in,
       an arrival far in the future), each under a time limit;
@@ -11,6 +12,8 @@ Proofs:
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from engine_helpers import MAX_TOKENS, check_pool_full
@@ -53,6 +56,41 @@ def test_bad_inputs_get_clear_errors(model):
     with pytest.raises(ValueError, match=r"arrival_steps has 2 steps; expected one per prompt"):
         llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[0, 1])
     check_pool_full(llm)
+
+
+def test_bad_engine_arguments_are_refused_by_name_before_anything_is_made(model, monkeypatch):
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+
+    monkeypatch.setattr("minipaged.sim.host.available_memory", lambda: 16 << 30)
+    for kwargs, exc, words in [
+        (dict(model=5), TypeError, "model=5 must be a Decoder, a Hugging Face model directory "
+                                   "or None (the shipped model), got int"),
+        (dict(tokenizer=5), TypeError, "tokenizer=5 must be a tokenizer (with encode, decode, "
+                                       "vocab_size, eos_id, eos_ids), got int"),
+        (dict(num_blocks=10, kv_cache_gb=1.0), ValueError, "num_blocks=10 and kv_cache_gb=1.0 "
+                                                           "both size the KV pool; expected one"),
+        (dict(preemption="swap", num_cpu_blocks=0), ValueError,
+         "preemption='swap' swaps preempted sequences out to a CPU pool, but num_cpu_blocks=0 "
+         "makes none; expected num_cpu_blocks >= 1 (None: as many as num_blocks), or "
+         "preemption='recompute'"),
+        (dict(num_cpu_blocks=5), ValueError, "preemption='recompute' swaps nothing out: "
+                                             "num_cpu_blocks=5 would not be used"),
+        # too big for this machine (half of 16 GiB here), refused by what the caller gave
+        (dict(kv_cache_gb=1500), ValueError, "kv_cache_gb=1500 x block_size=16 (the KV pool) "
+                                             "would need about 1.50 TiB of memory; at most "
+                                             "8.00 GiB"),
+        (dict(kv_cache_gb=1e6), ValueError, "kv_cache_gb=1e+06 x block_size=16 (the KV pool)"),
+        (dict(block_size=2**20), ValueError, "the default 256 blocks x block_size=1048576 (the "
+                                             "KV pool) would need about 192.00 GiB"),
+        # 5.86 GiB alone; its CPU pool, as many blocks again, counts too
+        (dict(num_blocks=500_000, preemption="swap"), ValueError,
+         "num_blocks=500000 x block_size=16 (the KV pool) would need about 11.58 GiB"),
+    ]:
+        with pytest.raises(exc, match=re.escape(words)):
+            LLM(**{"model": model, **kwargs})
+    with pytest.raises(TypeError, match="tokenizer=5 must be a tokenizer"):
+        ReferenceGenerator(model, tokenizer=5)
 
 
 def test_a_tiny_temperature_decodes_greedily(model):

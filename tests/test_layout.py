@@ -194,8 +194,12 @@ def test_package_does_not_grow():
     # (the largest logit subtracted before dividing: 1e-320 overflowed and picked '~'); 18,419
     # when SamplingParams refused what its decoding ignored (top_k and seed under greedy
     # decoding; those, a temperature, stop and ignore_eos under beam search), which generate's
-    # flags now rely on, and a stop that is not strings (123, b"ab", a dict).
+    # flags now rely on, and a stop that is not strings (123, b"ab", a dict); 18,455 when LLM
+    # refused, by the arguments given and before allocating, a pool over half of this
+    # machine's memory (pool.py, taking over generate's copy of the check), num_blocks with
+    # kv_cache_gb, num_cpu_blocks=0 with swap (or any with recompute), and a model or
+    # tokenizer that is none.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18419, f"the package is {total} lines (> 18,419)"
+    assert total <= 18455, f"the package is {total} lines (> 18,455)"

@@ -37,9 +37,10 @@ from minipaged._checks import check_bool, check_choice, check_int
 from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
 from minipaged.model.engine_samples import RequestRecord, Samples
+from minipaged.model.pool import cpu_pool_size, pool_size
 from minipaged.model.runner import PagedRunner, SeqWork
 from minipaged.model.sampling import RequestOutput, SamplingParams, max_new_tokens, resolve_seed
-from minipaged.model.tokenizer import CharTokenizer, encode_prompts
+from minipaged.model.tokenizer import check_tokenizer, encode_prompts
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
@@ -80,13 +81,14 @@ class LLM:
 
     model                     a Decoder, a Hugging Face model directory (hf.py), or None
     num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
-                              what kv_cache_gb GiB hold; with neither, 1 GiB for a directory
-                              and 256 blocks for a model object (pool.py)
+                              what kv_cache_gb GiB hold (not both); with neither, 1 GiB for a
+                              directory and 256 blocks for a model object; refused if it needs
+                              over half of the memory available (pool.py)
     enable_prefix_caching     share full prompt blocks across requests by hash, as vLLM's
                               automatic prefix caching; n samples then become n requests,
                               as vLLM v1 runs them (lesson 05)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
-                              num_cpu_blocks blocks, num_blocks by default)
+                              num_cpu_blocks >= 1 blocks, num_blocks by default)
     chunked_prefill           split prompts over steps of at most max_num_batched_tokens;
                               None: on when the model has more than LONG_CONTEXT positions
     backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
@@ -101,6 +103,18 @@ class LLM:
                  chunked_prefill: bool | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, backend: str = "numpy"):
         from_dir = isinstance(model, (str, os.PathLike))
+        if not (from_dir or model is None or isinstance(model, Decoder)):
+            raise TypeError(f"model={model!r:.60} must be a Decoder, a Hugging Face model "
+                            f"directory or None (the shipped model), got {type(model).__name__}")
+        check_tokenizer(tokenizer)
+        if num_blocks is not None:
+            num_blocks = check_int("num_blocks", num_blocks, low=1)
+        block_size = check_int("block_size", block_size, low=1)
+        check_choice("preemption", preemption, PREEMPTION_MODES)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        if chunked_prefill is not None:
+            check_bool("chunked_prefill", chunked_prefill)
+        num_cpu_blocks = cpu_pool_size(preemption, num_cpu_blocks)   # None: num_blocks
         if from_dir:               # a Hugging Face model directory: its weights and tokenizer
             from minipaged.model.hf import load_hf
             model, hf_tokenizer = load_hf(model)
@@ -108,22 +122,16 @@ class LLM:
         if model is None:
             from minipaged.model.checkpoint import load_model
             model = load_model()
-        from minipaged.model.pool import pool_size
         num_blocks, self.pool_note = pool_size(model, num_blocks, block_size, kv_cache_gb,
-                                               from_dir)
+                                               from_dir, num_cpu_blocks=num_cpu_blocks)
         if chunked_prefill is None:  # else one launch could span a whole long-context prompt
             chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
-        num_blocks = check_int("num_blocks", num_blocks, low=1)
-        block_size = check_int("block_size", block_size, low=1)
-        check_choice("preemption", preemption, PREEMPTION_MODES)
-        if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption == "swap" else 0
+        num_cpu_blocks = num_blocks if num_cpu_blocks is None else num_cpu_blocks
         self.model = model
-        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+        self.tokenizer = check_tokenizer(tokenizer)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.preemption = preemption
-        self.chunked_prefill = check_bool("chunked_prefill", chunked_prefill)
+        self.chunked_prefill = bool(chunked_prefill)
         self.num_cpu_blocks = num_cpu_blocks
         self.manager = self._new_manager()
         self.runner = PagedRunner(model, self.num_blocks, self.block_size,

@@ -37,7 +37,7 @@ from minipaged.model.sampling import (
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer, encode_prompts
+from minipaged.model.tokenizer import check_tokenizer, encode_prompts
 
 ATTENTIONS = ("dense", "torch")
 
@@ -71,7 +71,7 @@ class ReferenceGenerator:
         check_choice("attention", attention, ATTENTIONS)
         self.model = model
         self.attention = attention
-        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+        self.tokenizer = check_tokenizer(tokenizer)
         self.dtype = next(model.parameters()).detach().numpy().dtype
         self.scale = scale_for(model.cfg)
         if attention == "dense":

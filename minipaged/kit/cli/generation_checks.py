@@ -1,7 +1,7 @@
 """What ``generate`` refuses, in its flags' words: flags the chosen generator or decoding would
 not use (the sampling flags: SamplingParams' own refusal, reworded), prompts the tiny model
-cannot read, more samples than memory holds, and the engine's refusals (a pool too small,
-beams on a model whose prompts are chunked) said as what to type. ``generation.py`` calls
+cannot read, more samples than memory holds, and the engine's refusals (a pool too small or too
+big, beams on a model whose prompts are chunked) said as what to type. ``generation.py`` calls
 them, all but the last before any work.
 """
 
