@@ -2,7 +2,7 @@
 
 Proofs:
     * bad arguments to LLM and to generate get errors that say what is wrong, by the argument
-      the caller gave, before anything is allocated (a pool too big for memory);
+      the caller gave, before anything is allocated (a pool or n records too big for memory);
     * a temperature so small that logits / T overflows decodes greedily;
     * runs that once hung finish (a preempted group of samples that cannot be swapped back in,
       an arrival far in the future), each under a time limit;
@@ -91,6 +91,36 @@ def test_bad_engine_arguments_are_refused_by_name_before_anything_is_made(model,
             LLM(**{"model": model, **kwargs})
     with pytest.raises(TypeError, match="tokenizer=5 must be a tokenizer"):
         ReferenceGenerator(model, tokenizer=5)
+
+
+def test_bad_generate_arguments_are_refused_by_name(model, monkeypatch):
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    llm = LLM(model, num_blocks=8, block_size=4)
+    for gen in (llm, ReferenceGenerator(model)):       # 'no' was read as True
+        with pytest.raises(TypeError, match="return_logits='no' must be a bool, got str"):
+            gen.generate(["a"], SamplingParams(max_tokens=2), return_logits="no")
+        with pytest.raises(ValueError, match="beam_width=2 runs beam search, whose completions "
+                                             "carry no logits: return_logits=True would not be "
+                                             "used; expected return_logits=False"):
+            gen.generate(["a"], SamplingParams(max_tokens=2, beam_width=2), return_logits=True)
+    for steps in (1, {0: 1}):
+        with pytest.raises(TypeError, match=f"arrival_steps={steps} must be a sequence of "
+                                            "steps, one per prompt"):
+            llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=steps)
+    # n samples with prefix caching are n requests, one record each: refused at once when
+    # memory cannot hold the records (it ran out of memory after 45 s)
+    monkeypatch.setattr("minipaged.sim.host.available_memory", lambda: 16 << 30)
+    with time_limit(10), pytest.raises(ValueError, match=re.escape(
+            "1 prompt(s) x n=100000000 samples (one request each with "
+            "enable_prefix_caching=True) would need about 745.06 GiB of memory")):
+        LLM(model, enable_prefix_caching=True).generate(
+            "1", SamplingParams(n=10**8, max_tokens=1, temperature=1.0))
+    check_pool_full(llm)
 
 
 def test_a_tiny_temperature_decodes_greedily(model):

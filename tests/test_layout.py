@@ -198,8 +198,11 @@ def test_package_does_not_grow():
     # refused, by the arguments given and before allocating, a pool over half of this
     # machine's memory (pool.py, taking over generate's copy of the check), num_blocks with
     # kv_cache_gb, num_cpu_blocks=0 with swap (or any with recompute), and a model or
-    # tokenizer that is none.
+    # tokenizer that is none; 18,489 when generate refused n samples with prefix caching whose
+    # records memory cannot hold (the figure moved from the command line to engine_samples.py),
+    # return_logits that is not a bool or comes with beam search, and arrival_steps that are
+    # not a sequence.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18455, f"the package is {total} lines (> 18,455)"
+    assert total <= 18489, f"the package is {total} lines (> 18,489)"

@@ -31,19 +31,27 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
 from minipaged._checks import check_bool, check_choice, check_int
 from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
-from minipaged.model.engine_samples import RequestRecord, Samples
+from minipaged.model.engine_samples import BYTES_PER_SAMPLE, RequestRecord, Samples
 from minipaged.model.pool import cpu_pool_size, pool_size
 from minipaged.model.runner import PagedRunner, SeqWork
-from minipaged.model.sampling import RequestOutput, SamplingParams, max_new_tokens, resolve_seed
+from minipaged.model.sampling import (
+    RequestOutput,
+    SamplingParams,
+    check_return_logits,
+    max_new_tokens,
+    resolve_seed,
+)
 from minipaged.model.tokenizer import check_tokenizer, encode_prompts
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
+from minipaged.sim.host import refuse_if_too_big
 
 PREEMPTION_MODES = ("recompute", "swap")
 LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
@@ -170,10 +178,16 @@ class LLM:
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
+        check_return_logits(return_logits, params)
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
-        # full prompt blocks come out of the prefix cache.
+        # full prompt blocks come out of the prefix cache. They need not fit in the pool at
+        # once, but each is a record (BYTES_PER_SAMPLE): refused if memory cannot hold them.
         split = params.n > 1 and self.enable_prefix_caching
+        if split:
+            refuse_if_too_big(f"{len(encoded)} prompt(s) x n={params.n} samples (one request "
+                              "each with enable_prefix_caching=True)",
+                              len(encoded) * params.n * BYTES_PER_SAMPLE)
         out_lens = [max_new_tokens(q, len(ids), self.model.cfg.max_seq_len)
                     for q, ids in zip(per_prompt, encoded)]
         for i, ids in enumerate(encoded):
@@ -183,7 +197,12 @@ class LLM:
             reason = sched.refusal(width, final_len)
             if reason is not None:
                 raise PoolTooSmallError(i, width, final_len, reason)
-        arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
+        if arrival_steps is None:
+            arrival_steps = [0] * len(encoded)
+        elif isinstance(arrival_steps, (str, bytes, Mapping, Set)) or not hasattr(
+                arrival_steps, "__len__"):   # a dict or a set has no order of prompts
+            raise TypeError(f"arrival_steps={arrival_steps!r:.60} must be a sequence of steps, "
+                            f"one per prompt, got {type(arrival_steps).__name__}")
         if len(arrival_steps) != len(encoded):
             raise ValueError(f"arrival_steps has {len(arrival_steps)} steps; expected one per "
                              f"prompt ({len(encoded)})")

@@ -31,6 +31,7 @@ from minipaged.model.sampling import (
     apply_stop,
     beam_step,
     best_hypotheses,
+    check_return_logits,
     finish_reason,
     log_softmax,
     max_new_tokens,
@@ -100,7 +101,10 @@ class ReferenceGenerator:
 
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        check_return_logits(return_logits, params)
         prompts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
         seed = resolve_seed(params)
         results = []

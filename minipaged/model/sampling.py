@@ -141,6 +141,15 @@ def _check_stop(stop: object) -> tuple[str, ...]:
     return stop
 
 
+def check_return_logits(return_logits: object, params: SamplingParams) -> bool:
+    """generate's return_logits: a bool, refused with beam search (its completions have none)."""
+    if check_bool("return_logits", return_logits) and params.beam_width > 1:
+        raise ValueError(f"beam_width={params.beam_width} runs beam search, whose completions "
+                         "carry no logits: return_logits=True would not be used; expected "
+                         "return_logits=False with beam_width")
+    return bool(return_logits)
+
+
 def resolve_seed(params: SamplingParams) -> int:
     if params.seed is not None:
         return int(params.seed)

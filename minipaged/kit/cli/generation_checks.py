@@ -10,12 +10,8 @@ from __future__ import annotations
 import re
 
 from minipaged.kit.cli.common import flag_words, refuse_if_too_big, refuse_unused
+from minipaged.model.engine_samples import BYTES_PER_SAMPLE  # what one sample holds
 from minipaged.model.sampling import SamplingParams
-
-# What one sample holds until the outputs are printed (its request record, token ids, text),
-# measured with /usr/bin/time: about 5 KB with 20 new tokens (2,000 and 8,000 samples of one
-# prompt, with --prefix-caching, which makes each sample a request).
-BYTES_PER_SAMPLE = 8_000
 
 SAMPLING_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_k": "--top-k",
                   "n": "--n", "beam_width": "--beam-width", "seed": "--seed"}
