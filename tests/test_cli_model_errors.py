@@ -58,11 +58,11 @@ CASES: list[tuple[str, str]] = [
     ("generate x --beam-width 2 --chunked-prefill 8", "--beam-width=2 samples every beam of a "
                                                       "request in the same step, which "
                                                       "--chunked-prefill=8 splits"),
-    # what greedy decoding and beam search do not use (model/sampling.py)
+    # what greedy decoding and beam search do not use (SamplingParams' refusal, in flag words)
     ("generate x --top-k 5 --seed 3", "--temperature=0 (the default) decodes greedily, the "
                                       "likeliest token at every step, and draws nothing at "
                                       "random: --top-k=5, --seed=3 would not be used; expected "
-                                      "a --temperature above 0 with them"),
+                                      "a temperature above 0 with them"),
     ("generate x --seed 0", "--seed=0 would not be used"),
     ("generate x --n 3", "--n=3 samples under --temperature=0 (greedy, the default) would be "
                          "identical; expected a --temperature above 0"),
@@ -73,6 +73,8 @@ CASES: list[tuple[str, str]] = [
                                             "--beam-width without them"),
     ("generate x --beam-width 2 --temperature 0.5 --seed 1", "--temperature=0.5, --seed=1 would "
                                                              "not be used"),
+    ("generate x --kv-cache-gb 1500", "--kv-cache-gb=1500 x --block-size=16 (the KV pool) would "
+                                      "need about 1.50 TiB"),
     ("generate x --block-size 0", "--block-size=0 must be >= 1"),
     ("generate x --block-size 1000000", "the default 256 blocks x --block-size=1000000 (the KV "
                                         "pool) would need about"),

@@ -1,7 +1,9 @@
 """The paged engine under bad input and interruption: clear errors, no hang, nothing left behind.
 
 Proofs:
-    * bad arguments to LLM and to generate get errors that say what is wrong;
+    * bad arguments to LLM and to generate get errors that say what is wrong, by the argument
+      the caller gave, before anything is allocated (a pool or n records too big for memory);
+    * a temperature so small that logits / T overflows decodes greedily;
     * runs that once hung finish (a preempted group of samples that cannot be swapped back in,
       an arrival far in the future), each under a time limit;
     * a generate interrupted mid-run (an exception or Ctrl-C in on_step, or in the first forward
@@ -10,6 +12,8 @@ Proofs:
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from engine_helpers import MAX_TOKENS, check_pool_full
@@ -52,6 +56,86 @@ def test_bad_inputs_get_clear_errors(model):
     with pytest.raises(ValueError, match=r"arrival_steps has 2 steps; expected one per prompt"):
         llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=[0, 1])
     check_pool_full(llm)
+
+
+def test_bad_engine_arguments_are_refused_by_name_before_anything_is_made(model, monkeypatch):
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+
+    monkeypatch.setattr("minipaged.sim.host.available_memory", lambda: 16 << 30)
+    for kwargs, exc, words in [
+        (dict(model=5), TypeError, "model=5 must be a Decoder, a Hugging Face model directory "
+                                   "or None (the shipped model), got int"),
+        (dict(tokenizer=5), TypeError, "tokenizer=5 must be a tokenizer (with encode, decode, "
+                                       "vocab_size, eos_id, eos_ids), got int"),
+        (dict(num_blocks=10, kv_cache_gb=1.0), ValueError, "num_blocks=10 and kv_cache_gb=1.0 "
+                                                           "both size the KV pool; expected one"),
+        (dict(preemption="swap", num_cpu_blocks=0), ValueError,
+         "preemption='swap' swaps preempted sequences out to a CPU pool, but num_cpu_blocks=0 "
+         "makes none; expected num_cpu_blocks >= 1 (None: as many as num_blocks), or "
+         "preemption='recompute'"),
+        (dict(num_cpu_blocks=5), ValueError, "preemption='recompute' swaps nothing out: "
+                                             "num_cpu_blocks=5 would not be used"),
+        # too big for this machine (half of 16 GiB here), refused by what the caller gave
+        (dict(kv_cache_gb=1500), ValueError, "kv_cache_gb=1500 x block_size=16 (the KV pool) "
+                                             "would need about 1.50 TiB of memory; at most "
+                                             "8.00 GiB"),
+        (dict(kv_cache_gb=1e6), ValueError, "kv_cache_gb=1e+06 x block_size=16 (the KV pool)"),
+        (dict(block_size=2**20), ValueError, "the default 256 blocks x block_size=1048576 (the "
+                                             "KV pool) would need about 192.00 GiB"),
+        # 5.86 GiB alone; its CPU pool, as many blocks again, counts too
+        (dict(num_blocks=500_000, preemption="swap"), ValueError,
+         "num_blocks=500000 x block_size=16 (the KV pool) would need about 11.58 GiB"),
+    ]:
+        with pytest.raises(exc, match=re.escape(words)):
+            LLM(**{"model": model, **kwargs})
+    with pytest.raises(TypeError, match="tokenizer=5 must be a tokenizer"):
+        ReferenceGenerator(model, tokenizer=5)
+
+
+def test_bad_generate_arguments_are_refused_by_name(model, monkeypatch):
+    from time_limit import time_limit
+
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    llm = LLM(model, num_blocks=8, block_size=4)
+    for gen in (llm, ReferenceGenerator(model)):       # 'no' was read as True
+        with pytest.raises(TypeError, match="return_logits='no' must be a bool, got str"):
+            gen.generate(["a"], SamplingParams(max_tokens=2), return_logits="no")
+        with pytest.raises(ValueError, match="beam_width=2 runs beam search, whose completions "
+                                             "carry no logits: return_logits=True would not be "
+                                             "used; expected return_logits=False"):
+            gen.generate(["a"], SamplingParams(max_tokens=2, beam_width=2), return_logits=True)
+    for steps in (1, {0: 1}):
+        with pytest.raises(TypeError, match=f"arrival_steps={steps} must be a sequence of "
+                                            "steps, one per prompt"):
+            llm.generate(["a"], SamplingParams(max_tokens=2), arrival_steps=steps)
+    # n samples with prefix caching are n requests, one record each: refused at once when
+    # memory cannot hold the records (it ran out of memory after 45 s)
+    monkeypatch.setattr("minipaged.sim.host.available_memory", lambda: 16 << 30)
+    with time_limit(10), pytest.raises(ValueError, match=re.escape(
+            "1 prompt(s) x n=100000000 samples (one request each with "
+            "enable_prefix_caching=True) would need about 745.06 GiB of memory")):
+        LLM(model, enable_prefix_caching=True).generate(
+            "1", SamplingParams(n=10**8, max_tokens=1, temperature=1.0))
+    check_pool_full(llm)
+
+
+def test_a_tiny_temperature_decodes_greedily(model):
+    """softmax(logits / 1e-320) overflowed: inf - inf is NaN, and the last token ('~') was
+    picked at every step, by the engine and the reference alike."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.reference import ReferenceGenerator
+    from minipaged.model.sampling import SamplingParams
+
+    greedy = SamplingParams(max_tokens=12)
+    want = ReferenceGenerator(model).generate("3 4 5", greedy)[0].outputs[0].token_ids
+    for t in (1e-320, 5e-324, 1e-300):
+        p = SamplingParams(max_tokens=12, temperature=t, seed=1)
+        for gen in (LLM(model), ReferenceGenerator(model)):
+            assert gen.generate("3 4 5", p)[0].outputs[0].token_ids == want
 
 
 # ---- nothing hangs, and an interrupted call leaves nothing behind -----------------------------

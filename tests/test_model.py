@@ -8,6 +8,8 @@ still scores on held-out prompts what the training script reported.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -73,13 +75,31 @@ def test_held_out_starts_are_never_trained_on():
     (dict(n=0), ValueError, "n=0 is out of range: expected >= 1"),
     (dict(beam_width=0), ValueError, "beam_width=0 is out of range: expected >= 1"),
     (dict(beam_width=2, n=2), ValueError, "n must be 1"),
-    (dict(beam_width=2, temperature=1.0), ValueError, "temperature must be 0"),
     (dict(seed=-3), ValueError, "seed=-3 is out of range: expected >= 0"),
     (dict(seed=True), TypeError, "seed=True must be an integer, not a bool"),
-    (dict(stop=("",)), ValueError, "non-empty strings"),
+    (dict(stop=("",)), ValueError, "stop[0]='' is empty; expected non-empty strings"),
+    # what the decoding would not read (the command line's wording: kit/cli/common.py)
+    (dict(beam_width=2, temperature=1.0, seed=4), ValueError, "beam_width=2 runs beam search, "
+     "which keeps the likeliest beams and draws nothing at random: temperature=1.0, seed=4 "
+     "would not be used; expected beam_width without them"),
+    (dict(beam_width=2, top_k=3), ValueError, "top_k=3 would not be used"),
+    (dict(beam_width=2, stop=[" 49"], ignore_eos=True), ValueError, "beam_width=2 runs beam "
+     "search, whose hypotheses end at <eos> or after max_tokens steps: stop=(' 49',), "
+     "ignore_eos=True would not be used; expected beam_width without them"),
+    (dict(top_k=5, seed=3), ValueError, "temperature=0 (the default) decodes greedily, the "
+     "likeliest token at every step, and draws nothing at random: top_k=5, seed=3 would not be "
+     "used; expected a temperature above 0 with them"),
+    (dict(temperature=0.0, seed=0), ValueError, "seed=0 would not be used"),
+    # stop: a string or a sequence of strings, never read character by character or by key
+    (dict(stop=123), TypeError, "stop=123 must be a string or a sequence of strings, got int"),
+    (dict(stop=b"ab"), TypeError, "stop=b'ab' must be a string or a sequence of strings, got "
+     "bytes"),
+    (dict(stop={"a": 1}), TypeError, "stop={'a': 1} must be a string or a sequence of strings, "
+     "got dict"),
+    (dict(stop=["a", 1]), TypeError, "stop[1]=1 must be a string, got int"),
 ])
 def test_bad_sampling_params_get_clear_errors(kwargs, exc, words):
-    with pytest.raises(exc, match=words.replace("(", r"\(")):
+    with pytest.raises(exc, match=re.escape(words)):
         SamplingParams(**kwargs)
 
 
@@ -102,6 +122,30 @@ def test_sampling_is_reproducible_per_seed_sample_and_step(seed, index, step, te
     assert sample_token(logits, SamplingParams(), seed, index, step) == int(np.argmax(logits))
     assert sample_token(logits, SamplingParams(temperature=1.0, top_k=1), seed, index, step) == \
         int(np.argmax(logits))
+
+
+def _plain_sample_token(logits, params, seed, index, step):
+    """sample_token as it was: softmax(logits / T) (overflows to NaN for a tiny T)."""
+    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    if 0 < params.top_k < z.shape[0]:
+        z = np.where(z >= np.sort(z)[-params.top_k], z, -np.inf)
+    cdf = np.cumsum(np.exp(z - z.max()))
+    u = np.random.default_rng([seed, index, step]).random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), z.shape[0] - 1))
+
+
+def test_a_tiny_temperature_is_greedy_and_others_draw_as_before():
+    """The largest logit is subtracted before dividing by T: a temperature so small that
+    logits / T overflowed (inf - inf = NaN picked the last token, '~') now gives the argmax,
+    and ordinary temperatures give the tokens the plain formula gave."""
+    rng = np.random.default_rng(0)
+    for k in range(2000):
+        logits = (rng.normal(size=VOCAB_SIZE) * rng.uniform(0.5, 8)).astype(np.float32)
+        for t in (1e-320, 5e-324, 1e-300, 1e-30):
+            p = SamplingParams(temperature=t, top_k=[0, 5][k % 2])
+            assert sample_token(logits, p, k, 0, 0) == int(np.argmax(logits))
+        p = SamplingParams(temperature=float(rng.uniform(0.05, 5)), top_k=[0, 5, 20][k % 3])
+        assert sample_token(logits, p, k, 1, 2) == _plain_sample_token(logits, p, k, 1, 2)
 
 
 def test_beam_step_keeps_best_and_finishes_eos():

@@ -31,18 +31,27 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
 from minipaged._checks import check_bool, check_choice, check_int
 from minipaged.model.decoder import Decoder
 from minipaged.model.engine_beams import Beams
-from minipaged.model.engine_samples import RequestRecord, Samples
+from minipaged.model.engine_samples import BYTES_PER_SAMPLE, RequestRecord, Samples
+from minipaged.model.pool import cpu_pool_size, pool_size
 from minipaged.model.runner import PagedRunner, SeqWork
-from minipaged.model.sampling import RequestOutput, SamplingParams, max_new_tokens, resolve_seed
-from minipaged.model.tokenizer import CharTokenizer, encode_prompts
+from minipaged.model.sampling import (
+    RequestOutput,
+    SamplingParams,
+    check_return_logits,
+    max_new_tokens,
+    resolve_seed,
+)
+from minipaged.model.tokenizer import check_tokenizer, encode_prompts
 from minipaged.serving.memory_policy import PagedPolicy
 from minipaged.serving.scheduler import NoProgressError, Scheduler, SchedulerConfig, StepResult
 from minipaged.serving.swap import KVCacheManager
+from minipaged.sim.host import refuse_if_too_big
 
 PREEMPTION_MODES = ("recompute", "swap")
 LONG_CONTEXT = 8192     # more positions: chunked prefill unless asked otherwise
@@ -80,13 +89,14 @@ class LLM:
 
     model                     a Decoder, a Hugging Face model directory (hf.py), or None
     num_blocks, block_size    the KV pool: num_blocks blocks of block_size token slots; None:
-                              what kv_cache_gb GiB hold; with neither, 1 GiB for a directory
-                              and 256 blocks for a model object (pool.py)
+                              what kv_cache_gb GiB hold (not both); with neither, 1 GiB for a
+                              directory and 256 blocks for a model object; refused if it needs
+                              over half of the memory available (pool.py)
     enable_prefix_caching     share full prompt blocks across requests by hash, as vLLM's
                               automatic prefix caching; n samples then become n requests,
                               as vLLM v1 runs them (lesson 05)
     preemption                "recompute" (default) or "swap" (then a CPU pool of
-                              num_cpu_blocks blocks, num_blocks by default)
+                              num_cpu_blocks >= 1 blocks, num_blocks by default)
     chunked_prefill           split prompts over steps of at most max_num_batched_tokens;
                               None: on when the model has more than LONG_CONTEXT positions
     backend                   "numpy" (the CPU default), "cuda-cpu" (the CUDA kernels of
@@ -101,6 +111,18 @@ class LLM:
                  chunked_prefill: bool | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, backend: str = "numpy"):
         from_dir = isinstance(model, (str, os.PathLike))
+        if not (from_dir or model is None or isinstance(model, Decoder)):
+            raise TypeError(f"model={model!r:.60} must be a Decoder, a Hugging Face model "
+                            f"directory or None (the shipped model), got {type(model).__name__}")
+        check_tokenizer(tokenizer)
+        if num_blocks is not None:
+            num_blocks = check_int("num_blocks", num_blocks, low=1)
+        block_size = check_int("block_size", block_size, low=1)
+        check_choice("preemption", preemption, PREEMPTION_MODES)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        if chunked_prefill is not None:
+            check_bool("chunked_prefill", chunked_prefill)
+        num_cpu_blocks = cpu_pool_size(preemption, num_cpu_blocks)   # None: num_blocks
         if from_dir:               # a Hugging Face model directory: its weights and tokenizer
             from minipaged.model.hf import load_hf
             model, hf_tokenizer = load_hf(model)
@@ -108,22 +130,16 @@ class LLM:
         if model is None:
             from minipaged.model.checkpoint import load_model
             model = load_model()
-        from minipaged.model.pool import pool_size
         num_blocks, self.pool_note = pool_size(model, num_blocks, block_size, kv_cache_gb,
-                                               from_dir)
+                                               from_dir, num_cpu_blocks=num_cpu_blocks)
         if chunked_prefill is None:  # else one launch could span a whole long-context prompt
             chunked_prefill = model.cfg.max_seq_len > LONG_CONTEXT
-        num_blocks = check_int("num_blocks", num_blocks, low=1)
-        block_size = check_int("block_size", block_size, low=1)
-        check_choice("preemption", preemption, PREEMPTION_MODES)
-        if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption == "swap" else 0
+        num_cpu_blocks = num_blocks if num_cpu_blocks is None else num_cpu_blocks
         self.model = model
-        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+        self.tokenizer = check_tokenizer(tokenizer)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.preemption = preemption
-        self.chunked_prefill = check_bool("chunked_prefill", chunked_prefill)
+        self.chunked_prefill = bool(chunked_prefill)
         self.num_cpu_blocks = num_cpu_blocks
         self.manager = self._new_manager()
         self.runner = PagedRunner(model, self.num_blocks, self.block_size,
@@ -162,10 +178,16 @@ class LLM:
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")
+        check_return_logits(return_logits, params)
         sched = Scheduler(PagedPolicy(self.manager), self.sched_config)
         # v1 mode: with prefix caching there is no fork; n samples become n requests whose
-        # full prompt blocks come out of the prefix cache.
+        # full prompt blocks come out of the prefix cache. They need not fit in the pool at
+        # once, but each is a record (BYTES_PER_SAMPLE): refused if memory cannot hold them.
         split = params.n > 1 and self.enable_prefix_caching
+        if split:
+            refuse_if_too_big(f"{len(encoded)} prompt(s) x n={params.n} samples (one request "
+                              "each with enable_prefix_caching=True)",
+                              len(encoded) * params.n * BYTES_PER_SAMPLE)
         out_lens = [max_new_tokens(q, len(ids), self.model.cfg.max_seq_len)
                     for q, ids in zip(per_prompt, encoded)]
         for i, ids in enumerate(encoded):
@@ -175,7 +197,12 @@ class LLM:
             reason = sched.refusal(width, final_len)
             if reason is not None:
                 raise PoolTooSmallError(i, width, final_len, reason)
-        arrival_steps = [0] * len(encoded) if arrival_steps is None else list(arrival_steps)
+        if arrival_steps is None:
+            arrival_steps = [0] * len(encoded)
+        elif isinstance(arrival_steps, (str, bytes, Mapping, Set)) or not hasattr(
+                arrival_steps, "__len__"):   # a dict or a set has no order of prompts
+            raise TypeError(f"arrival_steps={arrival_steps!r:.60} must be a sequence of steps, "
+                            f"one per prompt, got {type(arrival_steps).__name__}")
         if len(arrival_steps) != len(encoded):
             raise ValueError(f"arrival_steps has {len(arrival_steps)} steps; expected one per "
                              f"prompt ({len(encoded)})")

@@ -31,13 +31,14 @@ from minipaged.model.sampling import (
     apply_stop,
     beam_step,
     best_hypotheses,
+    check_return_logits,
     finish_reason,
     log_softmax,
     max_new_tokens,
     resolve_seed,
     sample_token,
 )
-from minipaged.model.tokenizer import CharTokenizer, encode_prompts
+from minipaged.model.tokenizer import check_tokenizer, encode_prompts
 
 ATTENTIONS = ("dense", "torch")
 
@@ -71,7 +72,7 @@ class ReferenceGenerator:
         check_choice("attention", attention, ATTENTIONS)
         self.model = model
         self.attention = attention
-        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+        self.tokenizer = check_tokenizer(tokenizer)
         self.dtype = next(model.parameters()).detach().numpy().dtype
         self.scale = scale_for(model.cfg)
         if attention == "dense":
@@ -100,7 +101,10 @@ class ReferenceGenerator:
 
     def generate(self, prompts, params: SamplingParams | None = None, *,
                  return_logits: bool = False) -> list[RequestOutput]:
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        check_return_logits(return_logits, params)
         prompts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
         seed = resolve_seed(params)
         results = []

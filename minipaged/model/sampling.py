@@ -23,6 +23,7 @@ Read next: reference.py, engine.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,9 @@ class SamplingParams:
     seed         makes sampling reproducible; None draws one seed per generate call
     stop         strings that end a completion (not included in its text)
     ignore_eos   go on past end-of-sequence tokens (fixed output lengths, as vLLM's switch)
+
+    What the decoding would not read is refused: top_k and seed under greedy decoding; under
+    beam search those, a temperature, stop and ignore_eos.
     """
 
     max_tokens: int = 16
@@ -57,21 +61,29 @@ class SamplingParams:
     def __post_init__(self):
         for name, low in (("max_tokens", 1), ("top_k", 0), ("n", 1), ("beam_width", 1)):
             check_int(name, getattr(self, name), low=low)
-        check_bool("ignore_eos", self.ignore_eos)
+        ignore_eos = check_bool("ignore_eos", self.ignore_eos)
         t = check_float("temperature", self.temperature, low=0)
-        if self.seed is not None:
-            check_int("seed", self.seed, low=0)
+        seed = None if self.seed is None else check_int("seed", self.seed, low=0)
+        object.__setattr__(self, "stop", _check_stop(self.stop))
         if self.beam_width > 1 and self.n != 1:
             raise ValueError(f"SamplingParams: beam search returns beam_width={self.beam_width} "
                              f"beams; n must be 1, got n={self.n}")
-        if self.beam_width > 1 and t != 0:
-            raise ValueError(f"SamplingParams: beam search is deterministic; temperature must "
-                             f"be 0, got {t}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        for s in stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {s!r}")
-        object.__setattr__(self, "stop", stop)
+        # What the chosen decoding would not read, in the command line's words (its flags are
+        # these names: kit/cli/generation_checks.py rewords this refusal with common.flag_words)
+        drawn = {"temperature": (t, 0), "top_k": (int(self.top_k), 0), "seed": (seed, None)}
+        if self.beam_width > 1:
+            _refuse_unused(f"beam_width={self.beam_width} runs beam search, which keeps the "
+                           "likeliest beams and draws nothing at random", drawn,
+                           "beam_width without them")
+            _refuse_unused(f"beam_width={self.beam_width} runs beam search, whose hypotheses "
+                           "end at <eos> or after max_tokens steps",
+                           {"stop": (self.stop, ()), "ignore_eos": (ignore_eos, False)},
+                           "beam_width without them")
+        elif t == 0:
+            _refuse_unused("temperature=0 (the default) decodes greedily, the likeliest token "
+                           "at every step, and draws nothing at random",
+                           {k: drawn[k] for k in ("top_k", "seed")},
+                           "a temperature above 0 with them")
 
     @property
     def greedy(self) -> bool:
@@ -102,6 +114,42 @@ class RequestOutput:
     first_token_time: float | None = None   # time.perf_counter() when its first token came
 
 
+def _refuse_unused(doing: str, options: dict[str, tuple[object, object]], expected: str
+                   ) -> None:
+    """Refuse the options (name -> (value, unset value)) given although they would not be used:
+    ``{doing}: name=value, ... would not be used; expected {expected}``."""
+    given = [f"{k}={v!r}" for k, (v, unset) in options.items() if v != unset]
+    if given:
+        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
+
+
+def _check_stop(stop: object) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings: one string, or a sequence of them (None: none)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, (bytes, bytearray, Mapping)) or not isinstance(stop, Iterable):
+        raise TypeError(f"stop={stop!r:.60} must be a string or a sequence of strings, got "
+                        f"{type(stop).__name__}")
+    stop = tuple(stop)
+    for i, s in enumerate(stop):
+        if not isinstance(s, str):
+            raise TypeError(f"stop[{i}]={s!r:.60} must be a string, got {type(s).__name__}")
+        if not s:
+            raise ValueError(f"stop[{i}]='' is empty; expected non-empty strings")
+    return stop
+
+
+def check_return_logits(return_logits: object, params: SamplingParams) -> bool:
+    """generate's return_logits: a bool, refused with beam search (its completions have none)."""
+    if check_bool("return_logits", return_logits) and params.beam_width > 1:
+        raise ValueError(f"beam_width={params.beam_width} runs beam search, whose completions "
+                         "carry no logits: return_logits=True would not be used; expected "
+                         "return_logits=False with beam_width")
+    return bool(return_logits)
+
+
 def resolve_seed(params: SamplingParams) -> int:
     if params.seed is not None:
         return int(params.seed)
@@ -119,12 +167,16 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, sample_i
     """The token for output position ``step`` of sample ``sample_index``; logits [V]."""
     if params.greedy:
         return int(np.argmax(logits))              # first maximum on ties
-    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    # The largest logit is subtracted before dividing: it becomes 0 and the rest <= 0, so a tiny
+    # temperature sends them to -inf (probability 0), the greedy choice, where logits / T would
+    # overflow to inf and inf - inf is NaN. Elsewhere z can move in its last ulp only.
+    z = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / params.temperature
     if 0 < params.top_k < z.shape[0]:
         kth = np.sort(z)[-params.top_k]
         z = np.where(z >= kth, z, -np.inf)
-    p = np.exp(z - z.max())
-    cdf = np.cumsum(p)
+    cdf = np.cumsum(np.exp(z))                     # the maximum is still 0: exp(z) <= 1
     u = np.random.default_rng([seed, sample_index, step]).random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), z.shape[0] - 1))
 

@@ -60,6 +60,19 @@ class CharTokenizer:
         return "".join(out)
 
 
+TOKENIZER_API = ("encode", "decode", "vocab_size", "eos_id", "eos_ids")  # HFTokenizer's too
+
+
+def check_tokenizer(tokenizer: object) -> object:
+    """``tokenizer``, or a CharTokenizer for None; a TypeError for an object without the API."""
+    missing = [a for a in TOKENIZER_API if not hasattr(tokenizer, a)]
+    if tokenizer is not None and missing:
+        lacks = f" without {', '.join(missing)}" if len(missing) < len(TOKENIZER_API) else ""
+        raise TypeError(f"tokenizer={tokenizer!r:.60} must be a tokenizer (with "
+                        f"{', '.join(TOKENIZER_API)}), got {type(tokenizer).__name__}{lacks}")
+    return CharTokenizer() if tokenizer is None else tokenizer
+
+
 def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
     """prompts[i] as token ids, shorter than max_seq_len: a str is encoded (with <bos>), a list
     of ints is taken as the ids themselves (tokenized elsewhere, e.g. a chat template)."""

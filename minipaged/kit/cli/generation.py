@@ -27,14 +27,7 @@ from minipaged.kit.cli.args import (
     path,
     unset,
 )
-from minipaged.kit.cli.common import (
-    SIM_BYTES_PER_BLOCK,
-    describe,
-    flag_words,
-    need_torch,
-    reading,
-    refuse_if_too_big,
-)
+from minipaged.kit.cli.common import describe, flag_words, need_torch, reading
 from minipaged.kit.cli.generation_checks import (
     check_beams_in_one_step,
     check_flags,
@@ -42,8 +35,7 @@ from minipaged.kit.cli.generation_checks import (
     too_small,
 )
 from minipaged.model.checkpoint import load_model
-from minipaged.model.pool import DEFAULT_KV_CACHE_GB, pool_size
-from minipaged.model.sampling import SamplingParams
+from minipaged.model.pool import DEFAULT_KV_CACHE_GB
 
 GENERATE_HELP = """\
 The tiny model completing prompts through the paged KV cache.
@@ -66,6 +58,10 @@ examples:
   minipaged generate "count down from 30:" "count down from 33:" --num-blocks 30 \\
       --block-size 4 --preemption swap      (a pool too small for both: watch the preemptions)
 """
+
+
+POOL_FLAGS = {"backend": "--backend", "num_blocks": "--num-blocks", "block_size": "--block-size",
+              "kv_cache_gb": "--kv-cache-gb"}
 
 
 def add_generate(sub) -> None:
@@ -195,16 +191,13 @@ def _load(args):
 
 
 def generate(args) -> int:
-    check_flags(args)
+    params = check_flags(args)
     check_prompts(args)
     need_torch()
     import torch
 
     torch.set_num_threads(1)
     err = Console(stderr=True)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_k=args.top_k, n=args.n, beam_width=args.beam_width,
-                            seed=args.seed or 0)
     model, tokenizer, prompts = _load(args)
     t0 = time.perf_counter()
     if args.reference:
@@ -216,23 +209,14 @@ def generate(args) -> int:
         from minipaged.model.engine import LLM, PoolTooSmallError
         from minipaged.model.runner import BackendUnavailableError
 
-        pools = 2 if args.preemption == "swap" else 1       # the CPU pool mirrors the GPU one
-        kv = (pools * args.block_size
-              * model.cfg.kv_bytes_per_token(next(model.parameters()).element_size()))
         # With --model, LLM gets the loaded model, not its folder: give it the folder's default
         # budget (1 GiB, as --help says) instead of a model object's 256 blocks.
         kv_cache_gb = args.kv_cache_gb
         if kv_cache_gb is None and args.model is not None:
             kv_cache_gb = DEFAULT_KV_CACHE_GB
-        # The pool LLM will make (pool.py's rule, arithmetic only), checked before it is made.
-        blocks, _ = pool_size(model, args.num_blocks, args.block_size, kv_cache_gb, False,
-                              names=("--kv-cache-gb", "--block-size"))
-        given = (f"--num-blocks={blocks}" if args.num_blocks is not None
-                 else f"--kv-cache-gb={kv_cache_gb:g}" if kv_cache_gb is not None
-                 else f"the default {blocks} blocks")
-        refuse_if_too_big(f"{given} x --block-size={args.block_size} (the KV pool)",
-                          blocks * (kv + 2 * SIM_BYTES_PER_BLOCK))
-        with flag_words({"backend": "--backend"}, (ValueError, BackendUnavailableError)):
+        # LLM refuses a pool this machine cannot hold, or a budget holding no block, before it
+        # allocates (pool.py's rule); here in the flags' words.
+        with flag_words(POOL_FLAGS, (ValueError, BackendUnavailableError)):
             llm = LLM(model, tokenizer=tokenizer, num_blocks=args.num_blocks,
                       block_size=args.block_size, kv_cache_gb=kv_cache_gb,
                       enable_prefix_caching=args.prefix_caching, preemption=args.preemption,
@@ -246,7 +230,7 @@ def generate(args) -> int:
         try:
             outs = llm.generate(prompts, params)
         except PoolTooSmallError as e:      # refused before any step
-            raise ValueError(too_small(args, e, blocks, kv_cache_gb)) from None
+            raise ValueError(too_small(args, e, llm.num_blocks, kv_cache_gb)) from None
         err.print(f"[dim]{llm.pool_note}[/dim]")
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "

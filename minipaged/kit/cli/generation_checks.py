@@ -1,28 +1,27 @@
 """What ``generate`` refuses, in its flags' words: flags the chosen generator or decoding would
-not use, prompts the tiny model cannot read, more samples than memory holds, and the engine's
-refusals (a pool too small, beams on a model whose prompts are chunked) said as what to type.
-``generation.py`` calls them, all but the last before any work.
+not use (the sampling flags: SamplingParams' own refusal, reworded), prompts the tiny model
+cannot read, more samples than memory holds, and the engine's refusals (a pool too small or too
+big, beams on a model whose prompts are chunked) said as what to type. ``generation.py`` calls
+them, all but the last before any work.
 """
 
 from __future__ import annotations
 
 import re
 
-from minipaged.kit.cli.common import refuse_if_too_big, refuse_unused
+from minipaged.kit.cli.common import flag_words, refuse_if_too_big, refuse_unused
+from minipaged.model.engine_samples import BYTES_PER_SAMPLE  # what one sample holds
+from minipaged.model.sampling import SamplingParams
 
-# What one sample holds until the outputs are printed (its request record, token ids, text),
-# measured with /usr/bin/time: about 5 KB with 20 new tokens (2,000 and 8,000 samples of one
-# prompt, with --prefix-caching, which makes each sample a request).
-BYTES_PER_SAMPLE = 8_000
-
-# What greedy decoding and beam search never read (model/sampling.py: sample_token takes the
-# argmax when temperature is 0, before top_k and the seed; beam_step ranks every candidate).
-RANDOMNESS = {"--top-k": ("top_k", 0), "--seed": ("seed", None)}
+SAMPLING_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_k": "--top-k",
+                  "n": "--n", "beam_width": "--beam-width", "seed": "--seed"}
 
 
-def check_flags(args) -> None:
+def check_flags(args) -> SamplingParams:
     """What the parser cannot see, before any work: flags the chosen generator or decoding
-    would not use, and more samples than memory holds."""
+    would not use, and more samples than memory holds. Returns the sampling flags as
+    SamplingParams, which refuses the sampling flags that greedy decoding and beam search would
+    not read (in the flags' words here); an unset --seed is 0 where sampling draws."""
     if args.reference:
         refuse_unused(args, "--reference runs the plain generator, without the paged engine's "
                       "pool, scheduler or kernels", args.engine_options,
@@ -31,21 +30,18 @@ def check_flags(args) -> None:
         raise ValueError(f"--beam-width={args.beam_width} samples every beam of a request in "
                          f"the same step, which --chunked-prefill={args.chunked_prefill} "
                          "splits; expected one of them")
-    if args.beam_width > 1:
-        refuse_unused(args, f"--beam-width={args.beam_width} runs beam search, which keeps the "
-                      "likeliest beams and draws nothing at random",
-                      {"--temperature": ("temperature", 0.0), **RANDOMNESS},
-                      "--beam-width without them")
-    elif args.temperature == 0:
-        refuse_unused(args, "--temperature=0 (the default) decodes greedily, the likeliest "
-                      "token at every step, and draws nothing at random", RANDOMNESS,
-                      "a --temperature above 0 with them")
-        if args.n > 1:
-            raise ValueError(f"--n={args.n} samples under --temperature=0 (greedy, the "
-                             "default) would be identical; expected a --temperature above 0")
+    draws = args.temperature > 0 and args.beam_width == 1
+    with flag_words(SAMPLING_FLAGS):
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, n=args.n, beam_width=args.beam_width,
+                                seed=0 if draws and args.seed is None else args.seed)
+    if args.temperature == 0 and args.n > 1:
+        raise ValueError(f"--n={args.n} samples under --temperature=0 (greedy, the default) "
+                         "would be identical; expected a --temperature above 0")
     width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
     refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
                       len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
+    return params
 
 
 def check_prompts(args) -> None:
