@@ -102,6 +102,12 @@ def check_callable(name: str, fn: object) -> Callable:
     return fn
 
 
+def refuse_unused(doing: str, given: list[str], expected: str) -> None:
+    """The one wording of a refusal of settings that would be ignored (``given``, if any)."""
+    if given:
+        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
+
+
 def check_choice(name: str, value: object, choices: Iterable[object]) -> object:
     options = list(choices)
     if value not in options:

@@ -142,8 +142,10 @@ def test_core_budgets():
     # check_caches refuses a non-array cache; 3,113 for block_manager.pad_tables, the padding of
     # BlockManager.block_tables that the model's runner wrote again (7 lines leave runner.py);
     # 3,086 when checks made twice on one call path were made once (allocate_many says what the
-    # blocks are for), unused members went and timing history left the docstrings.
-    assert sum(lines.values()) <= 3086, f"core path is {sum(lines.values())} lines (> 3,086)"
+    # blocks are for), unused members went and timing history left the docstrings; 3,092 for
+    # _checks.refuse_unused, the one wording of a refusal of ignored settings, which the
+    # sampling parameters, the pool, SimConfig and the command line had each written.
+    assert sum(lines.values()) <= 3092, f"core path is {sum(lines.values())} lines (> 3,092)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
@@ -200,8 +202,9 @@ def test_package_does_not_grow():
     # half of this machine's memory by the arguments given (taking over generate's copy),
     # num_blocks with kv_cache_gb, swap without a CPU pool, a model or tokenizer that is none,
     # n samples with prefix caching that memory cannot hold, and odd return_logits, stop and
-    # arrival_steps.
+    # arrival_steps; 18,540 when those refusals of ignored settings took one wording
+    # (_checks.refuse_unused).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18535, f"the package is {total} lines (> 18,535)"
+    assert total <= 18540, f"the package is {total} lines (> 18,540)"

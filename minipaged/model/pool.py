@@ -12,7 +12,7 @@ Read before: ../sim/memory.py. Read next: engine.py.
 
 from __future__ import annotations
 
-from minipaged._checks import check_float, check_int
+from minipaged._checks import check_float, check_int, refuse_unused
 
 DEFAULT_KV_CACHE_GB = 1.0
 DEFAULT_NUM_BLOCKS = 256  # a model object's pool when neither num_blocks nor a budget is given
@@ -29,8 +29,8 @@ def cpu_pool_size(preemption: str, num_cpu_blocks: int | None) -> int | None:
                          "num_cpu_blocks=0 makes none; expected num_cpu_blocks >= 1 (None: as "
                          "many as num_blocks), or preemption='recompute'")
     if preemption != "swap" and num_cpu_blocks:
-        raise ValueError(f"preemption={preemption!r} swaps nothing out: num_cpu_blocks="
-                         f"{num_cpu_blocks} would not be used; expected preemption='swap' with it")
+        refuse_unused(f"preemption={preemption!r} swaps nothing out",
+                      [f"num_cpu_blocks={num_cpu_blocks}"], "preemption='swap' with it")
     return num_cpu_blocks if preemption == "swap" else 0
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minipaged._checks import check_bool, check_float, check_int
+from minipaged._checks import check_bool, check_float, check_int, refuse_unused
 from minipaged.sharing.sampling import Candidate, select_beams
 
 
@@ -116,11 +116,10 @@ class RequestOutput:
 
 def _refuse_unused(doing: str, options: dict[str, tuple[object, object]], expected: str
                    ) -> None:
-    """Refuse the options (name -> (value, unset value)) given although they would not be used:
-    ``{doing}: name=value, ... would not be used; expected {expected}``."""
-    given = [f"{k}={v!r}" for k, (v, unset) in options.items() if v != unset]
-    if given:
-        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
+    """Refuse the options (name -> (value, unset value)) given although they would not be used
+    (``_checks.refuse_unused``: ``{doing}: name=value, ... would not be used; ...``)."""
+    refuse_unused(doing, [f"{k}={v!r}" for k, (v, unset) in options.items() if v != unset],
+                  expected)
 
 
 def _check_stop(stop: object) -> tuple[str, ...]:
@@ -144,9 +143,8 @@ def _check_stop(stop: object) -> tuple[str, ...]:
 def check_return_logits(return_logits: object, params: SamplingParams) -> bool:
     """generate's return_logits: a bool, refused with beam search (its completions have none)."""
     if check_bool("return_logits", return_logits) and params.beam_width > 1:
-        raise ValueError(f"beam_width={params.beam_width} runs beam search, whose completions "
-                         "carry no logits: return_logits=True would not be used; expected "
-                         "return_logits=False with beam_width")
+        refuse_unused(f"beam_width={params.beam_width} runs beam search, whose completions carry "
+                      "no logits", ["return_logits=True"], "return_logits=False with beam_width")
     return bool(return_logits)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from minipaged._checks import SIZE_LIMIT, check_bool, check_choice, check_int
+from minipaged._checks import SIZE_LIMIT, check_bool, check_choice, check_int, refuse_unused
 from minipaged.serving.memory_policy import POLICY_NAMES
 from minipaged.serving.scheduler import SchedulerConfig
 from minipaged.sim import nbytes
@@ -123,9 +123,9 @@ class SimConfig:
                              "may be above 1")
         if self.request_rate != math.inf and self.workload not in WORKLOADS and \
                 has_arrival_times(self.workload):  # (a trace that does not parse: load_jsonl says)
-            raise ValueError(f"workload={str(self.workload)!r} gives each request's arrival_s: "
-                             f"request_rate={self.request_rate} would not be used; expected the "
-                             "default request_rate=inf with this trace")
+            refuse_unused(f"workload={str(self.workload)!r} gives each request's arrival_s",
+                          [f"request_rate={self.request_rate}"],
+                          "the default request_rate=inf with this trace")
         if self.sharing == "prefix" and self.n == 1:
             raise ValueError("sharing='prefix' is how the samples of a request share its prompt, "
                              "and n=1 (beam search forks its beams); expected n=2 or more")

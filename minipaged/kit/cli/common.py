@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from contextlib import contextmanager
 
+from minipaged import _checks
 from minipaged._checks import OutOfBlocksError
 from minipaged._install import TORCH_HINT
 from minipaged.sim import table as table
@@ -93,8 +94,7 @@ def refuse_unused(args, doing: str, options: Mapping[str, tuple[str, object]],
         if (value := getattr(args, dest)) != unset:
             given += [flag if v is True else f"{flag}={v}" if flag[0] == "-" else f"{flag} {v!r}"
                       for v in (value if isinstance(value, list) else [value])]
-    if given:
-        raise ValueError(f"{doing}: {', '.join(given)} would not be used; expected {expected}")
+    _checks.refuse_unused(doing, given, expected)
 
 
 def need_torch() -> None:

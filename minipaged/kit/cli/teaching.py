@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from minipaged import _checks
 from minipaged.kit.cli.args import (
     NON_NEGATIVE,
     bounds,
@@ -248,9 +249,9 @@ def present(args) -> int:
     unused = [what for what, given in ((f"the deck {args.deck!r}", args.deck),
                                        ("--notes", args.notes), ("--slide", args.slide != 1))
               if given]
-    if on_figures is not None and unused:
-        raise ValueError(f"{on_figures} works on the figures, not on a deck: {', '.join(unused)} "
-                         f"would not be used; expected {on_figures} alone (or with --figures-dir)")
+    if on_figures is not None:
+        _checks.refuse_unused(f"{on_figures} works on the figures, not on a deck", unused,
+                      f"{on_figures} alone (or with --figures-dir)")
     # a check compares with figures that must be there (a build makes its folder)
     if args.check_figures and args.figures_dir is not None \
             and (problem := input_dir(args.figures_dir)):
