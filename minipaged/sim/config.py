@@ -19,8 +19,8 @@ from minipaged.sim import nbytes
 from minipaged.sim.memory import MemoryPreset, preset
 from minipaged.sim.workloads import (
     WORKLOADS,
+    check_request_rate,
     check_workload,
-    check_workload_args,
     has_arrival_times,
 )
 
@@ -58,9 +58,8 @@ class SimConfig:
         for name, low in (("num_requests", 1), ("n", 1), ("beam_width", 1), ("max_num_seqs", 1),
                           ("block_size", 1)):
             keep(name, check_int(name, getattr(self, name), low=low))
-        keep("request_rate", check_workload_args(request_rate=self.request_rate, seed=self.seed,
-                                                 max_model_len=2))
-        keep("seed", int(self.seed))
+        keep("request_rate", check_request_rate(self.request_rate))
+        keep("seed", check_int("seed", self.seed, low=0))
         check_choice("sharing", self.sharing, ("cow", "prefix"))
         for name in ("enable_prefix_caching", "chunked_prefill"):
             check_bool(name, getattr(self, name))

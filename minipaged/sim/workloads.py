@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minipaged._checks import check_int
+from minipaged._checks import check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -86,22 +86,23 @@ def solve_mu(mean: float, sigma: float, cap: float) -> float:
     return (lo + hi) / 2
 
 
-def check_workload_args(*, request_rate: object, seed: object, max_model_len: object,
-                        num_requests: object = 1) -> float:
-    """The arguments every workload takes, checked by name; returns ``request_rate`` as a float:
-    > 0 (inf: all at t=0) and not so small that the mean gap 1/rate overflows."""
-    check_int("num_requests", num_requests, low=1)
-    check_int("seed", seed, low=0)
-    check_int("max_model_len", max_model_len, low=2)
-    numbers = (int, float, np.integer, np.floating)
-    if isinstance(request_rate, (bool, np.bool_)) or not isinstance(request_rate, numbers):
-        raise TypeError(f"request_rate={request_rate!r} must be a number, got "
-                        f"{type(request_rate).__name__}")
-    rate = float(request_rate)
-    if not rate > 0 or (rate != math.inf and not math.isfinite(1.0 / rate)):  # (NaN is not > 0)
+def check_request_rate(request_rate: object) -> float:
+    """Requests per second as a float: > 0 (inf: all at t=0), and not so small that the mean gap
+    1/rate overflows (1e-320 drew infinite arrival times)."""
+    rate = math.inf if request_rate == math.inf else check_float("request_rate", request_rate)
+    if not rate > 0 or not math.isfinite(1.0 / rate):
         raise ValueError(f"request_rate={rate} must be > 0 with a finite mean gap 1/rate (use inf "
                          "for all at once)")
     return rate
+
+
+def check_workload_args(*, request_rate: object, seed: object, max_model_len: object,
+                        num_requests: object = 1) -> float:
+    """The arguments every workload takes, checked by name; returns the request rate's float."""
+    check_int("num_requests", num_requests, low=1)
+    check_int("seed", seed, low=0)
+    check_int("max_model_len", max_model_len, low=2)
+    return check_request_rate(request_rate)
 
 
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
