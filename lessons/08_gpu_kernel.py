@@ -16,20 +16,20 @@
 # The words (CUDA's, not ours):
 # - **grid**: all the thread blocks of one launch; in v1 (traced below) one block per (query
 #   head, sequence).
-# - **thread block**: 128 threads that share **shared memory** and meet at `__syncthreads()`.
-# - **warp**: 32 consecutive threads of a block that execute in lockstep; its **lanes** can read
-#   each other's registers with `__shfl_xor_sync` (no memory involved).
+# - **thread block**: threads (here 128) that share **shared memory** and meet at `__syncthreads()`.
+# - **warp**: 32 consecutive threads of a block that run each instruction together unless their
+#   branches diverge; its **lanes** can read each other's registers with `__shfl_xor_sync`.
 #
 # The kernel file climbs like llm.c's dev/cuda files: version 0 is one thread per (sequence,
-# head), obviously right and slow; v1 is vLLM's design (one thread block per head; vLLM's
-# csrc/attention/attention_kernels.cuh); v2 cuts long contexts into partitions; v3 and v4 (the
-# same kernel with GROUP = 8) give one block to each *KV* head and up to 8 of its query heads,
-# so that under GQA every K/V byte is read once (when H/Hkv <= 8), not H/Hkv times. Every
-# version is checked against the NumPy oracle, and the later ones against v0.
+# head), obviously right and slow; v1 is the design of vLLM's legacy (v0 engine) paged kernel
+# (one thread block per head; csrc/attention/attention_kernels.cuh); v2 cuts long contexts into
+# partitions; v3 and v4 (the same kernel with GROUP = 8) give one block to each *KV* head and up
+# to 8 of its query heads, so that under GQA every K/V byte is read once (when H/Hkv <= 8), not
+# H/Hkv times. Every version is checked against the NumPy oracle, and the later ones against v0.
 #
 # Code: `minipaged/cuda/`: paged_attention_v0.cu (version 0), paged_attention.cu (versions 1 to
-# 4, with the napkin math), paged_attention_reduce.cu (v2/v4's merge). Paper: vLLM section 4.1.
-# Next: lesson 09 (a model end to end).
+# 4, with the napkin math), paged_attention_reduce.cu (v2/v4's merge). Paper: vLLM sections 4.1
+# (PagedAttention) and 5.1 (its kernel). Next: lesson 09 (a model end to end).
 
 # %%
 from __future__ import annotations

@@ -71,7 +71,7 @@ console.print(f"pool after the call: {llm.manager.num_free_blocks}/{llm.num_bloc
 # time. Greedy decoding must give identical tokens for every request, however the engine
 # batches, pages, shares or preempts them; tests/test_engine.py checks it over many
 # configurations. Here: four prompts in one batch, a pool so small (20 blocks of 4) that the
-# scheduler must preempt, once by recomputation and once by swapping.
+# scheduler must preempt: one run preempts by recomputation, the other by swapping.
 
 # %%
 prompts = ["count down from 9:", "count down from 23:", "count down from 14:",

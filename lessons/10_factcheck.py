@@ -31,8 +31,8 @@ console = Console()
 # Verdicts: **holds** (our measurement or the paper agrees), **off** (it disagrees; the right
 # figure is given), **unsupported** (neither the paper nor the code says so, and our
 # measurements do not back it). `minipaged factcheck` prints exactly this table; with
-# `--quick` it simulates 150 requests instead of 300 and says so in its title, and the
-# figures move by a point or two. The quiz (`minipaged quiz`) shows the very same verdicts.
+# `--quick` it simulates 150 requests instead of 300 and says so in its title, and some figures
+# move far (preemptions, batch sizes). The quiz (`minipaged quiz`) shows the very same verdicts.
 
 # %%
 ctx = canonical()

@@ -4,9 +4,9 @@
 # Lesson 06 scheduled the way vLLM v0's scheduler does without chunked prefill: a step is
 # either a prefill step (new prompts, whole) or a decode step (one token for every running
 # sequence), never both, and prefills win (vLLM v0, `vllm/core/scheduler.py`,
-# `_schedule_default`; v0 turned chunking on only for some models, vLLM's tuning guide says).
-# A long prompt then holds up every running request for as long as its prefill takes: their
-# next tokens wait.
+# `_schedule_default`; v0 turned chunking on by default only for some models, says vLLM's tuning
+# guide). A long prompt then holds up every running request for as long as its prefill takes:
+# their next tokens wait.
 #
 # **Chunked prefill** removes that stall. SARATHI (Agrawal et al., 2023, arXiv 2308.16369)
 # split a prompt's prefill into chunks and *piggybacked* decodes on each chunk's step. vLLM v1

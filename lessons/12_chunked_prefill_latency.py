@@ -201,11 +201,11 @@ console.print(f"in this run, chunked prefill with budget 512 moved the p99 time 
 # %% [markdown]
 # The p99 is where the stalls show: the steps that carried a prompt are the slow tail, and the
 # "steps with a prefill" column says how few of them there are, which is why the median moves
-# far less than the p99. These are simulated times
-# from a cost model and a synthetic workload, so compare the rows with each other, not with a
-# real server. `minipaged simulate --chunked-prefill --max-num-batched-tokens 512` runs the
-# same simulation from the command line (its summary has throughput and latency per token, not
-# the per-token clock of this loop).
+# far less than the p99. These are simulated times from a cost model and a synthetic workload,
+# so compare the rows with each other, not with a real server. `minipaged simulate --num-requests
+# 200 --request-rate 1 --chunked-prefill --max-num-batched-tokens 512` runs the same simulation
+# from the command line (its summary has throughput and latency per token, not the per-token
+# clock of this loop).
 #
 # ## What to remember
 #
