@@ -2,8 +2,8 @@
 # # Lesson 01: attention, and why decode needs a KV cache
 #
 # A decoder produces one token per step. At each step the new token's query attends over the
-# keys and values of **every token so far**. Those keys and values depend only on the tokens
-# before them (causal attention), so they never change once computed: recomputing them at every
+# keys and values of **every token so far**. A token's key and value depend only on it and the
+# tokens before it (causal attention), so they never change once computed: recomputing them at every
 # step is pure waste, and keeping them is the **KV cache**. The catch, and the subject of the
 # whole course, is its size: it grows by a fixed number of bytes per token per sequence, and it
 # is what limits how many requests a GPU can serve at once (vLLM paper, sections 2.2-3).

@@ -4,7 +4,7 @@ The map (the one reading order: each module's docstring ends its lesson with "Re
 lessons in ``lessons/`` follow the same stages):
 
     attention.py                 stage 1  dense attention: the oracle everything is checked against
-    contiguous/usage.py          stage 2  the four categories of KV cache memory (paper, Fig. 2)
+    contiguous/usage.py          stage 2  the five categories of KV cache memory (after Fig. 2)
     contiguous/buddy.py                   a buddy allocator: how contiguous regions are placed
     contiguous/cache.py                   a contiguous KV cache with Orca-style reservations
     paged/block_allocator.py     stage 3  physical blocks, a free list, reference counts

@@ -1,4 +1,4 @@
-"""Where the KV cache memory goes: the four categories of the vLLM paper's Figure 2.
+"""Where the KV cache memory goes: the four categories of the vLLM paper's Figure 2, plus free.
 
 Lessons 02 and 03 report memory in these terms, so a contiguous and a paged cache compare slot
 for slot. Every slot (one token's K and V, one layer) is in exactly one category:

@@ -55,7 +55,7 @@ class MemoryPolicy(ABC):
 
     @abstractmethod
     def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
-        """The paper's four categories of KV memory, now."""
+        """KV memory by category now: the paper's four (Fig. 2) plus free."""
 
     @abstractmethod
     def blocks_in_use(self) -> int: ...  # physical blocks (paged) or slots (contiguous)

@@ -1,8 +1,8 @@
 """Iteration-level scheduling with preemption: who runs this step, and who gives up memory.
 
-What this teaches (lesson 06; vLLM paper, section 4.5). Every step admits waiting requests
-first-come-first-served while memory allows and gives every running sequence a slot for one more
-token; when one cannot get it, the newest group is preempted, all or nothing, by swapping or (the
+What this teaches (lesson 06; vLLM paper, section 4.5). A step admits waiting requests FCFS while
+memory allows or, admitting none, gives every running sequence a slot for one more token (chunked
+prefill: both); when one cannot, the newest group is preempted, all or nothing, by swapping or (the
 default, and vLLM v1's only way: ``vllm/v1/core/sched/scheduler.py``) recomputing. Swapped groups
 come back before new admissions. Chunked prefill (Sarathi, arXiv 2308.16369; vLLM's
 ``enable_chunked_prefill``) caps a step's tokens and splits long prompts over steps, decodes first.
