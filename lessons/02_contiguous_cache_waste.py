@@ -235,7 +235,7 @@ console.print(f"{'paper vLLM':>12} |{GLYPH['token'] * round(0.963 * 60):<60}| ~9
 #
 # Why these figures are not the paper's: this is a small static workload (every request waiting at
 # step 0, in an 8x smaller cache, synthetic lengths, one token per step, no clock), while the paper
-# measured its section 6.2 runs (dataset lengths, arrivals over time, real GPUs), and its last bar
+# measured OPT-13B serving ShareGPT requests that arrive over time on a real GPU, and its last bar
 # lumps external fragmentation together with "others". The shares move with the length distribution
 # and the arena size; only the ordering and the rough sizes should carry over. The simulator
 # (`minipaged simulate --policy orca-max`, lesson 06) measures them at the paper's scale (OPT-13B,
