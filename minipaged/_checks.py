@@ -132,7 +132,10 @@ def check_dtype(name: str, dtype: object) -> np.dtype:
 
 # ---- attention inputs: queries, block tables and sequence lengths (paged attention) --------
 def check_int_array(name: str, x: object, ndim: int) -> np.ndarray:
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except ValueError:  # NumPy's "inhomogeneous shape" names no argument
+        raise ValueError(f"{name}={x!r:.60} has rows of different lengths") from None
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers (int32 by convention), got dtype {a.dtype}")
     if a.ndim != ndim:

@@ -107,6 +107,7 @@ def test_copy_blocks_copies_every_pair_at_once():
     ([(0, 0)], "block 0 is both a source and a destination"),
     ([(0, 1, 2)], r"shape \[N, 2\]"),
     ([(0.5, 1.0)], "integer block ids"),
+    ([(0, 1), (2,)], r"block_mapping=\[\(0, 1\), \(2,\)\] has pairs of different lengths"),
 ])
 def test_copy_blocks_rejects_bad_pairs(pairs, words):
     kc, vc = caches(nb=6)

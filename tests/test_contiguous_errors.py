@@ -4,6 +4,8 @@ nothing (running out of memory included)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from contiguous_helpers import HKV, D, kv_data
@@ -170,3 +172,12 @@ def test_usage_need_of_the_wrong_type(cache, need):
     for count in (cache.usage, cache.breakdown):
         with pytest.raises(TypeError, match=f"need={need!r} must be an integer"):
             count(need)
+
+
+def test_numpy_lengths_are_stored_as_ints():
+    """They were stored as given, so breakdown() held NumPy ints that JSON cannot write."""
+    c = ContiguousKVCache(256, HKV, D, policy="pow2", max_seq_len=64)
+    c.reserve("a", np.int64(4), np.int32(10))
+    r = c.reservation("a")
+    assert type(r.prompt_len) is int and type(r.final_len) is int
+    assert json.loads(json.dumps(c.breakdown()))["reserved"] == 10

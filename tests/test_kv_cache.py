@@ -248,10 +248,11 @@ def test_flags_are_bools_not_truthy_values():
         assert m.allocate("c", [1, 2, 3, 4, 5], cache=np.False_) == 4 * prefix
 
 
-@pytest.mark.parametrize("name", ["num_blocks", "num_cpu_blocks"])
+@pytest.mark.parametrize("name", ["num_blocks", "num_cpu_blocks", "block_size"])
 @pytest.mark.parametrize("n", [2**31, 10**30])
 def test_sizes_are_below_2_31_like_int32_block_ids(name, n):
-    """10**30 blocks raised a bare OverflowError that named nothing."""
+    """10**30 blocks raised a bare OverflowError that named nothing (a block_size of 2**62
+    overflowed int64 slot numbers unseen)."""
     with pytest.raises(ValueError, match=rf"{name}={n} is out of range: expected in "
                                          r"\[[01], 2147483648\)"):
         KVCacheManager(**(dict(num_blocks=4, block_size=16) | {name: n}))
@@ -269,3 +270,12 @@ def test_token_ids_must_have_an_order():
         with pytest.raises(TypeError, match=f"not a {kind}$"):
             m.blocks_to_allocate(bad)
     assert snapshot(m) == before
+
+
+def test_block_table_padding_must_fit_int32():
+    """pad=2**40 was NumPy's OverflowError, which names no argument."""
+    m = KVCacheManager(4, 2)
+    m.allocate("a", [1, 2, 3])
+    with pytest.raises(ValueError, match=r"pad=1099511627776 is out of range"):
+        m.block_tables(["a"], pad=2**40)
+    assert m.block_tables(["a"], pad=-2**31).tolist() == [[0, 1]]

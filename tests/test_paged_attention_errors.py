@@ -236,3 +236,11 @@ def test_gather_kv_float_row():
     _, kc, vc, bt, _ = setup()
     with pytest.raises(TypeError, match=r"block_table_row must hold integers"):
         gather_kv(kc, vc, bt[0].astype(np.float32), 3)
+
+
+def test_unpadded_block_tables_name_the_argument():
+    """Rows of different lengths were NumPy's "inhomogeneous shape" error, naming nothing."""
+    q, kc, vc, _, lens = setup()
+    with pytest.raises(ValueError, match=r"block_tables=\[\[5, 9\], \[1, 2, 3, 4\]\] has rows "
+                                         "of different lengths"):
+        paged_attention(q, kc, vc, [[5, 9], [1, 2, 3, 4]], lens)

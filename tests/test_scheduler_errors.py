@@ -160,3 +160,58 @@ def test_request_ids_are_unique_and_hashable_and_the_parts_typed():
         Scheduler(None)
     with pytest.raises(TypeError, match="config must be a SchedulerConfig"):
         Scheduler(paged(), {"max_num_seqs": 2})
+
+
+def test_samples_that_empty_a_group_or_overgrow_it_change_nothing():
+    """Dropping every beam raised after the beams were freed; more samples than the width was
+    accepted (and broke the admission check, which counts width sequences)."""
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    g = s.add_request("r", [1, 2, 3, 4, 5], 4, beam_width=2)
+    out = s.schedule()
+    s.update(out, StepResult(0.1, [[7, 8]]), 0.1)
+    out = s.schedule()
+    m, before = s.policy.manager, [list(q.token_ids) for q in g.seqs]
+    tables = {q: m.block_table(q) for q in g.seq_ids}
+    for samples, k in (([[], []], 0), ([[1, 2], [3]], 3)):
+        with pytest.raises(ValueError, match=f"leave request 'r' with {k} sequences; expected "
+                                             "1 to its width, 2"):
+            s.update(out, StepResult(0.1, samples), 0.2)
+        assert [list(q.token_ids) for q in g.seqs] == before
+        assert {q: m.block_table(q) for q in g.seq_ids} == tables
+    s.update(out, StepResult(0.1, [[], [np.int64(3), 4]]), 0.2)
+    assert len(g.seqs) == 2 and all(type(t) is int for q in g.seqs for t in q.token_ids)
+
+
+def test_a_second_plan_before_update_is_refused():
+    """It took every decode's slot again: the manager held a token the sequence did not."""
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    s.add_request("a", [1, 2, 3], 6)
+    s.update(s.schedule(), StepResult(0.1, [7]), 0.1)
+    out = s.schedule()
+    with pytest.raises(ValueError, match=r"schedule\(\) again before update\(\)"):
+        s.schedule()
+    assert s.policy.manager.seq_len(0) == 4
+    s.update(out, StepResult(0.1, [np.int32(8)]), 0.2)
+    # the manager holds the tokens with K/V slots: all but the newest
+    assert s.running[0].seqs[0].token_ids[:-1] == [1, 2, 3, 7] == s.policy.manager.token_ids(0)
+
+
+def test_finish_seq_checks_its_arguments_and_the_step():
+    """A pending step's update() appended to the freed sequence's output; a string was a bare
+    AttributeError and a bad clock was stored as the finish time; True was request 1."""
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    g = s.add_request("a", [1, 2, 3], 6)
+    s.update(s.schedule(), StepResult(0.1, [7]), 0.1)
+    seq = g.seqs[0]
+    out = s.schedule()
+    with pytest.raises(ValueError, match=r"between schedule\(\) and update\(\)"):
+        s.finish_seq(seq, 0.2)
+    s.update(out, StepResult(0.1, [8]), 0.2)
+    with pytest.raises(ValueError, match="'x' is not a running sequence"):
+        s.finish_seq("x", 0.3)
+    with pytest.raises(TypeError, match="now='t' must be a number"):
+        s.finish_seq(seq, "t")
+    assert g.status == "running" and s.finish_seq(seq, 0.3)
+    assert g.outputs == [[1, 2, 3, 7, 8]] and g.finish_s == 0.3
+    with pytest.raises(TypeError, match="request_id=True must not be a bool"):
+        s.add_request(True, [1], 4)

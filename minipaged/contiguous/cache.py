@@ -120,7 +120,7 @@ class ContiguousKVCache:
             raise OutOfMemoryError(e.needed, e.largest_free, e.num_free,
                                    f" reserving seq_id={seq_id!r} (policy {self.policy})") from None
         held = self.allocator.held(offset)
-        self._seqs[seq_id] = Reservation(offset, prompt_len, final_len, size, held)
+        self._seqs[seq_id] = Reservation(offset, int(prompt_len), int(final_len), size, held)
         return offset
 
     # ---- tokens -------------------------------------------------------------------------------

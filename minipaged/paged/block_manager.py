@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from minipaged._checks import cdiv, check_int, check_seq_id, check_token_ids
+from minipaged._checks import SIZE_LIMIT, cdiv, check_int, check_seq_id, check_token_ids
 from minipaged.contiguous.usage import KVUsage
 from minipaged.paged.block_allocator import BlockAllocator
 
@@ -31,7 +31,7 @@ SeqId = Hashable
 
 def pad_tables(tables: Sequence[Sequence[int]], pad: int = -1) -> np.ndarray:
     """int32 [S, MB] with MB the longest table; entries past a table's end are ``pad``."""
-    pad = check_int("pad", pad)
+    pad = check_int("pad", pad, low=-SIZE_LIMIT, high=SIZE_LIMIT)  # an int32 entry
     mb = max((len(t) for t in tables), default=0)
     out = np.full((len(tables), mb), pad, dtype=np.int32)  # [S, MB]
     for i, t in enumerate(tables):
@@ -44,7 +44,7 @@ class BlockManager:
     K/V arrays, as vLLM's workers own the cache tensors (vllm/worker/cache_engine.py in v0)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = check_int("block_size", block_size, low=1)
+        self.block_size = check_int("block_size", block_size, low=1, high=SIZE_LIMIT)
         self.allocator = BlockAllocator(num_blocks)
         self._tables: dict[SeqId, list[int]] = {}  # seq -> physical block of each logical block
         self._tokens: dict[SeqId, list[int]] = {}  # seq -> its token ids so far

@@ -97,7 +97,10 @@ def reshape_and_cache_loop(key: np.ndarray, value: np.ndarray, key_cache: np.nda
 def check_block_mapping(block_mapping: object, num_src: int, num_dst: int, name: str,
                         *, same_pool: bool) -> np.ndarray:
     """``block_mapping`` as int64 [N, 2] of (src, dst); errors name the bad pair."""
-    m = np.asarray(block_mapping)
+    try:
+        m = np.asarray(block_mapping)
+    except ValueError:  # NumPy's "inhomogeneous shape" names no argument
+        raise ValueError(f"{name}={block_mapping!r:.60} has pairs of different lengths") from None
     if m.size == 0:  # [] has no integer dtype, but an empty mapping is a valid no-op
         m = np.zeros((0, 2), dtype=np.int64)
     if m.dtype.kind not in "iu":

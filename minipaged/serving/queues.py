@@ -129,7 +129,7 @@ class RequestQueues:
             arrival_s = check_float("arrival_s", arrival_s, low=0.0)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}: {e}") from None
-        if check_seq_id("request_id", request_id) in self._request_ids:
+        if check_seq_id("request_id", request_id, new=True) in self._request_ids:
             raise ValueError(f"{where} was already added: request ids must be unique")
         if len(prompt) + output_len > cfg.max_model_len:
             raise ValueError(f"{where}: prompt_len={len(prompt)} + output_len={output_len} "
@@ -189,30 +189,28 @@ class RequestQueues:
         for s, toks in zip(out.sampled, result.samples):
             tokens = s.token_ids
             s.num_computed = len(tokens)  # the step computed every token it had
-            if not isinstance(toks, list):  # one new token
-                tokens.append(toks)
+            if not isinstance(toks, list):  # one new token (a NumPy int stored as an int)
+                tokens.append(int(toks))
             elif not toks:  # a beam that lost: its blocks go (shared ones lose one user)
                 self.policy.free(s.seq_id)
                 s.group.seqs.remove(s)
-                if not s.group.seqs:
-                    raise ValueError(f"request {s.group.request_id!r}: every sequence was dropped")
                 continue
             else:  # parallel sampling / beam search: the children share the parent's blocks
                 for t in toks[1:]:
-                    child = self._new_seq(s.group, tokens + [t])
+                    child = self._new_seq(s.group, tokens + [int(t)])
                     child.num_computed, child.prefilling = len(tokens), False
                     self.policy.fork(s.seq_id, child.seq_id)
                     s.group.seqs.append(child)
                     if len(child.token_ids) >= child.stop_len:
                         finished.append(child)
-                tokens.append(toks[0])
+                tokens.append(int(toks[0]))
             if len(tokens) >= s.stop_len:
                 finished.append(s)
         return self._finish(finished, now)
 
     def _check_step(self, out: SchedulerOutput, result: StepResult, now: float) -> None:
         """The plan is the latest one, applied once; each sample is a token id >= 0, or a list
-        of them for a group that shares (empty only for a beam: it lost)."""
+        of them for a group that shares (empty: a beam lost), leaving it 1 to width sequences."""
         if out is None or out is not self._pending:
             raise ValueError("out must be the latest schedule()'s output, applied once")
         if not isinstance(result, StepResult):
@@ -222,15 +220,22 @@ class RequestQueues:
         if not isinstance(samples, list) or len(samples) != len(out.sampled):
             raise ValueError(f"StepResult.samples={samples!r:.40} must be a list, one entry for "
                              f"each of the {len(out.sampled)} sampled sequences")
+        live: dict[SequenceGroup, int] = {}  # group -> its sequences after these samples
         for i, (s, toks) in enumerate(zip(out.sampled, samples)):
             many = isinstance(toks, list)
             g = s.group
+            if many:  # a lost beam leaves, each further token forks
+                live[g] = live.get(g, len(g.seqs)) + len(toks) - 1
             if many and ((g.n == 1 and g.beam_width == 1) or (not toks and g.beam_width == 1)):
                 raise ValueError(f"samples[{i}]={toks!r}: request {g.request_id!r} (n={g.n}, "
                                  f"beam_width={g.beam_width}) takes one token id here")
             for t in toks if many else (toks,):
                 if type(t) is not int or t < 0:  # then check_int names what is wrong
                     check_int(f"samples[{i}]", t, low=0)
+        for g, k in live.items():
+            if not 1 <= k <= g.width:
+                raise ValueError(f"StepResult.samples leave request {g.request_id!r} with {k} "
+                                 f"sequences; expected 1 to its width, {g.width}")
 
     def _finish(self, seqs: list[Sequence], now: float) -> list[SequenceGroup]:
         """Free finished sequences; returns the groups they were the last of."""
@@ -252,6 +257,8 @@ class RequestQueues:
     def finish_seq(self, s: Sequence, now: float) -> bool:
         """End a running sequence early (an end-of-sequence token, a stop string: the executor
         decides) as ``update`` ends one at its length; True when that finished its group."""
-        if s.group.status != RUNNING or s not in s.group.seqs:
-            raise ValueError(f"{s!r} is not a running sequence")
-        return bool(self._finish([s], now))
+        if not isinstance(s, Sequence) or s.group.status != RUNNING or s not in s.group.seqs:
+            raise ValueError(f"{s!r:.60} is not a running sequence")
+        if self._pending is not None:  # update() would append to it after it was freed
+            raise ValueError("finish_seq between schedule() and update(): apply the step first")
+        return bool(self._finish([s], check_float("now", now, low=0.0)))

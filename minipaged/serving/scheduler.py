@@ -59,6 +59,8 @@ class Scheduler(RequestQueues):
         self.num_preemptions = self.num_swapped_out = self.num_recomputed = 0
 
     def schedule(self) -> SchedulerOutput:
+        if self._pending is not None:  # its slots are taken: a second plan would take more
+            raise ValueError("schedule() again before update() applied the last step's output")
         out = SchedulerOutput()
         budget = self.config.token_budget
         if self.config.chunked_prefill:
