@@ -147,8 +147,10 @@ def test_core_budgets():
     # sampling parameters, the pool, SimConfig and the command line had each written; 3,107 for
     # a Scheduler that refuses a second schedule() before update(), samples that empty or
     # overgrow a group (dropping every beam freed them, then raised), finish_seq mid-step, and
-    # stores NumPy tokens as ints; ragged tables named, block_size and pad within int32.
-    assert sum(lines.values()) <= 3107, f"core path is {sum(lines.values())} lines (> 3,107)"
+    # stores NumPy tokens as ints; ragged tables named, block_size and pad within int32; 3,111
+    # when the contiguous policies' usage took the next request's prompt length (Pow2 sizes the
+    # region by it; a prompt of 1 overstated it).
+    assert sum(lines.values()) <= 3111, f"core path is {sum(lines.values())} lines (> 3,111)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
@@ -206,8 +208,9 @@ def test_package_does_not_grow():
     # num_blocks with kv_cache_gb, swap without a CPU pool, a model or tokenizer that is none,
     # n samples with prefix caching that memory cannot hold, and odd return_logits, stop and
     # arrival_steps; 18,540 when those refusals of ignored settings took one wording
-    # (_checks.refuse_unused); 18,555 for the core's 15 of the scheduler's and tables' checks.
+    # (_checks.refuse_unused); 18,555 for the core's 15 of the scheduler's and tables' checks;
+    # 18,560 when ContiguousPolicy.usage sized the next region by its prompt too.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18555, f"the package is {total} lines (> 18,555)"
+    assert total <= 18560, f"the package is {total} lines (> 18,560)"

@@ -180,3 +180,13 @@ def test_the_whole_batch_shortcut_plans_exactly_what_the_group_walk_plans(run_kw
     assert fast == _plans(run_kw, True, monkeypatch)
     if run_kw.get("policy", "paged") == "paged":
         assert any(step[2] for step in fast), "the run should be starved enough to preempt"
+
+
+def test_contiguous_usage_sizes_the_next_region_by_its_prompt():
+    # Orca (Pow2) reserves the prompt plus the output rounded up: the next request, 50 tokens
+    # growing to 100, needs 50 + 64 = 114 slots, which the one free 128-slot buddy block serves.
+    p = make_policy("orca-pow2", num_slots=256, max_seq_len=256)
+    assert p.admit([0], [[1] * 64], 128) == [0]  # 64 + 64: a 128-slot region
+    u = p.usage({0: 128}, (50, 100))
+    assert (u.external_fragmentation, u.free) == (0, 128)
+    assert p.usage({0: 128}, None).external_fragmentation == 128  # a max_seq_len region: none

@@ -54,8 +54,10 @@ class MemoryPolicy(ABC):
     def free(self, seq_id: SeqId) -> None: ...  # finished, dropped or preempted by recompute
 
     @abstractmethod
-    def usage(self, final_lens: Mapping[SeqId, int], next_final_len: int | None) -> KVUsage:
-        """KV memory by category now: the paper's four (Fig. 2) plus free."""
+    def usage(self, final_lens: Mapping[SeqId, int],
+              next_request: tuple[int, int] | None) -> KVUsage:
+        """KV memory by category now: the paper's four (Fig. 2) plus free. ``next_request``:
+        (tokens, final length) of the next waiting request, which external fragmentation needs."""
 
     @abstractmethod
     def blocks_in_use(self) -> int: ...  # physical blocks (paged) or slots (contiguous)
@@ -167,7 +169,7 @@ class PagedPolicy(MemoryPolicy):
     def swap_in(self, seq_ids):
         return self.manager.swap_in(seq_ids)
 
-    def usage(self, final_lens, next_final_len):
+    def usage(self, final_lens, next_request):
         return self.manager.usage(final_lens)
 
     def describe(self) -> str:
@@ -216,9 +218,11 @@ class ContiguousPolicy(MemoryPolicy):
     def free(self, seq_id):
         self.cache.release(seq_id)
 
-    def usage(self, final_lens, next_final_len):
-        need = None if next_final_len is None else self.cache.reservation_size(
-            1, min(next_final_len, self.cache.max_seq_len))  # prompt length not passed: 1
+    def usage(self, final_lens, next_request):
+        # The region ``admit`` would reserve for the next request: pow2 sizes it by the prompt.
+        final = None if next_request is None else min(next_request[1], self.cache.max_seq_len)
+        need = None if final is None else self.cache.reservation_size(
+            min(next_request[0], final), final)
         return self.cache.usage(need)
 
     def blocks_in_use(self) -> int:

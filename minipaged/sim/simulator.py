@@ -145,7 +145,8 @@ def simulate(cfg: SimConfig, *, progress: Callable[[int, int], None] | None = No
         w_pending += dt
         if step % usage_every == 0 and w_pending > 0:
             final_lens = {s.seq_id: g.final_len for g in sched.running for s in g.seqs}
-            nxt = sched.waiting[0].final_len if sched.waiting else None
+            g0 = sched.waiting[0] if sched.waiting else None  # the next one to admit
+            nxt = (len(g0.seqs[0].token_ids), g0.final_len) if g0 else None
             u = policy.usage(final_lens, nxt)
             saturated = bool(sched.waiting)
             for c in CATEGORIES:
