@@ -113,7 +113,7 @@ def _check_prefix_cache(m: PrefixCachingBlockManager) -> None:
         hashes, tokens = m._hashes[s], m._tokens[s]
         assert len(hashes) == len(tokens) // bs, f"seq {s!r}: one hash per full block"
         for i, h in enumerate(hashes):
-            want = h if i < m._computed[s] else None
+            want = h if i < m._computed[s] // m.block_size else None
             assert m.allocator.block_hash(table[i]) == want, f"seq {s!r}, block {i}"
             assert want is None or m.allocator.block_token_ids(table[i]) == tuple(
                 tokens[i * bs:(i + 1) * bs]), f"seq {s!r}, block {i}: cached tokens"

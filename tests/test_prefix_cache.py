@@ -248,3 +248,19 @@ def test_blocks_are_found_only_once_their_kv_are_computed():
     check_invariants(m)
     with pytest.raises(ValueError, match="num_computed_tokens=18 is out of range"):
         m.cache_blocks("a", 18)
+
+
+def test_no_append_or_fork_before_the_prompt_kv_are_computed():
+    # Appending to a prompt allocated with cache=False would fill, and cache, a block whose
+    # earlier tokens have no K/V yet; a later prompt would hit it. Both calls refuse instead.
+    m = KVCacheManager(8, 4, enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3], cache=False)
+    before = snapshot(m)
+    for call in (lambda: m.append_slot("a", 4), lambda: m.fork("a", "b")):
+        with pytest.raises(ValueError, match="has K/V for 0 of its 3 tokens"):
+            call()
+        assert snapshot(m) == before
+    m.cache_blocks("a", 3)
+    m.append_slot("a", 4)  # fills block 0, now cached: its K/V are all written
+    assert m.allocate("c", [1, 2, 3, 4, 5]) == 4
+    check_invariants(m)

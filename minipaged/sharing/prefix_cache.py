@@ -152,7 +152,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         if self.enable_prefix_caching:
             self.allocator = PrefixCachingBlockAllocator(num_blocks)
         self._hashes: dict[SeqId, list[Hashable]] = {}  # seq -> chain hash of its full blocks
-        self._computed: dict[SeqId, int] = {}  # seq -> its leading full blocks with K/V written
+        self._computed: dict[SeqId, int] = {}  # seq -> its leading tokens with K/V written
 
     def _hash_block(self, parent: Hashable, token_ids: tuple[int, ...]) -> Hashable:
         h = self.hash_fn(parent, token_ids)
@@ -210,7 +210,7 @@ class PrefixCachingBlockManager(CowBlockManager):
         self.allocator.touch(hits)  # out of the queue *before* allocating, which may evict
         self._tables[seq_id] = hits + self.allocator.allocate_many(need)
         self._tokens[seq_id], self._hashes[seq_id] = tokens, hashes
-        self._computed[seq_id] = len(hits)
+        self._computed[seq_id] = len(hits) * self.block_size
         if cache:
             self.cache_blocks(seq_id, len(tokens))
         self.allocator.hits += len(hits)
@@ -224,6 +224,7 @@ class PrefixCachingBlockManager(CowBlockManager):
             return super().append_slot(seq_id, token_id)
         table = self._table(seq_id)
         token_id = check_int("token_id", token_id, low=0)
+        self._check_computed("append_slot", seq_id)
         tokens, hashes, bs = self._tokens[seq_id], self._hashes[seq_id], self.block_size
         fills = (len(tokens) + 1) % bs == 0
         if fills:
@@ -234,21 +235,28 @@ class PrefixCachingBlockManager(CowBlockManager):
             if self.allocator.block_hash(table[-1]) is not None:
                 self.allocator.evict(table[-1])
         slot = super().append_slot(seq_id, token_id)  # raises with nothing changed
-        if fills:  # a decode: every earlier token's K/V are written
+        self._computed[seq_id] = len(tokens)  # a decode: this step writes the new token's K/V
+        if fills:
             hashes.append(h)
-            self._computed[seq_id] = len(hashes)
             self.allocator.cache_block(slot // bs, h, chunk)
         return slot
+
+    def _check_computed(self, doing: str, seq_id: SeqId) -> None:
+        # A block is cached once full: every token in it must have K/V first (chunked prefill).
+        done, n = self._computed.get(seq_id, 0), len(self._tokens.get(seq_id, ()))
+        if done < n:
+            raise ValueError(f"{doing}: seq_id={seq_id!r} has K/V for {done} of its {n} tokens; "
+                             f"call cache_blocks(seq_id, {n}) once they are written")
 
     def cache_blocks(self, seq_id: SeqId, num_computed_tokens: int) -> None:
         """The first ``num_computed_tokens`` tokens have K/V (written this step or before): the
         full blocks among them become findable by hash."""
         table, tokens, bs = self._table(seq_id), self._tokens[seq_id], self.block_size
-        n = check_int("num_computed_tokens", num_computed_tokens, low=0, high=len(tokens) + 1) // bs
+        n = check_int("num_computed_tokens", num_computed_tokens, low=0, high=len(tokens) + 1)
         if not self.enable_prefix_caching:
             return
         n = self._computed[seq_id] = max(self._computed[seq_id], n)
-        for i, (block, h) in enumerate(zip(table[:n], self._hashes[seq_id])):
+        for i, (block, h) in enumerate(zip(table[:n // bs], self._hashes[seq_id])):
             if self.allocator.block_hash(block) is None:  # a full block not yet cached
                 self.allocator.cache_block(block, h, tokens[i * bs:(i + 1) * bs])
 
@@ -256,9 +264,11 @@ class PrefixCachingBlockManager(CowBlockManager):
         super().rollback(seq_id, n)
         if self.enable_prefix_caching:
             del self._hashes[seq_id][self.seq_len(seq_id) // self.block_size:]
-            self._computed[seq_id] = min(self._computed[seq_id], len(self._hashes[seq_id]))
+            self._computed[seq_id] = min(self._computed[seq_id], self.seq_len(seq_id))
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId) -> None:
+        if self.enable_prefix_caching:
+            self._check_computed("fork", parent_seq_id)
         super().fork(parent_seq_id, child_seq_id)
         if self.enable_prefix_caching:
             self._hashes[child_seq_id] = list(self._hashes[parent_seq_id])
