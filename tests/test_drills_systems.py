@@ -124,6 +124,7 @@ CITED = {
     "vllm/v1/worker/gpu_worker.py": ["def determine_available_memory(", "profile_run(",
                                      "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
                                      "kv_cache_memory_bytes"],
+    "vllm/envs.py": ['os.getenv("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")'],
     "vllm/config/cache.py": ["gpu_memory_utilization: float = Field(default=0.92",
                              '"fp8_e5m2"', "fp8 (=fp8_e4m3)", "cache_dtype"],
     "vllm/v1/core/kv_cache_utils.py": ["def get_kv_cache_config_from_groups(",

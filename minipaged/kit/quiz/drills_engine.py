@@ -121,8 +121,8 @@ def num_gpu_blocks(ctx: Context) -> Answer:
     return Answer(
         "vLLM measures instead of guessing. Each worker runs a profiling forward pass of "
         "max_num_batched_tokens dummy tokens, measures what it needs besides the KV cache "
-        "(weights, the activation peak, non-torch memory; CUDA-graph memory too when "
-        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set), and gives the KV cache "
+        "(weights, the activation peak, non-torch memory; CUDA-graph memory too unless "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, vllm/envs.py), and gives the KV cache "
         "gpu_memory_utilization x total memory minus that (vllm/v1/worker/gpu_worker.py, "
         "determine_available_memory; 0.92 by default in vllm/config/cache.py; "
         "kv_cache_memory_bytes replaces the rule). The bytes become num_blocks = available // "

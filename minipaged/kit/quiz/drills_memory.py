@@ -64,7 +64,7 @@ def block_size_limits(ctx: Context) -> Answer:
         "tail grows, fewer prefixes are shareable (only full blocks are cached), and in vLLM's "
         "legacy paged kernel (the v0 engine's) a warp's lanes split a block's tokens into thread "
         "groups, so the block size is a template parameter (instantiated for 8, 16, 32; "
-        "csrc/attention/attention_kernels.cuh). FlashAttention's upstream paged path requires "
+        "csrc/attention/paged_attention_v1.cu). FlashAttention's upstream paged path requires "
         "multiples of 256 (flash_attn_with_kvcache); vLLM's fork and its v1 backend take multiples "
         "of 16.",
         figures=figures,
@@ -102,14 +102,14 @@ def gqa(ctx: Context) -> Answer:
         "four times the context. Query head h reads KV head h // (H / Hkv). vLLM's legacy paged "
         "kernel runs one thread block per query head (grid (num_heads, num_seqs, partitions), "
         "csrc/attention/attention_kernels.cuh), so each re-reads its KV head (reuse only through "
-        "the L2 cache); FlashAttention and FlashInfer load a KV head once for its whole group of "
-        "query heads. minipaged's kernels (cuda/paged_attention.cu) have both: v1/v2 as vLLM's, "
-        "v3/v4 one thread block per KV head and up to 8 of its query heads, which run whenever "
-        "H > Hkv (cuda/checks.py, choose_version).",
+        "the L2 cache); FlashAttention-2 can, for one-token queries, load a KV head once for its "
+        "group (csrc/flash_attn/flash_api.cpp, seqlenq_ngroups_swapped). minipaged's kernels "
+        "(cuda/paged_attention.cu) have both: v1/v2 as vLLM's, v3/v4 one thread block per KV "
+        "head and up to 8 of its query heads, whenever H > Hkv (cuda/checks.py, choose_version).",
         figures=[
             ("Llama-3-8B KV per token (8 KV heads)", nbytes(m.kv_bytes_per_token)),
             ("  the same model with 32 KV heads (MHA)", nbytes(mha)),
-            (f"token slots in {nbytes(p.kv_cache_bytes)} of KV cache: GQA / MHA",
+            (f"token slots in {nbytes(p.kv_cache_bytes)} of KV cache (H100-80GB): GQA / MHA",
              f"{p.num_token_slots:,} / {p.kv_cache_bytes // mha:,}"),
         ],
         commands=["minipaged kv-calc --model llama-3-8b",
@@ -121,7 +121,7 @@ def gqa(ctx: Context) -> Answer:
 def decode_traffic(ctx: Context) -> Answer:
     p, cost = opt_13b()
     ctx_len = p.num_token_slots // 32 // 50 * 50  # contexts that 32 sequences fit in the cache
-    figures = [("weights read per step", nbytes(p.model.weight_bytes)),
+    figures = [("OPT-13B on an A100-40GB: weights read per step", nbytes(p.model.weight_bytes)),
                ("KV token slots of the cache (batch x context must fit)",
                 f"{p.num_token_slots:,}")]
     for batch in (8, 32):

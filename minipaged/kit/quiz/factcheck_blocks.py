@@ -96,7 +96,7 @@ def block_32_example(ctx: Context) -> Finding:
         f"{pct(waste[32])}; paged block 16: {pct(waste[16])} (unused slots / slots allocated)",
         "off", "the same 31 unused slots are divided by two denominators: 31/64 = 48% of the "
         "slots allocated, 31/33 = 94% of the tokens held; with one denominator block 32 "
-        "wastes exactly what the contiguous case does, and block 16 wastes 15/48 = 31%",
+        "wastes what a contiguous 64-slot region does, and block 16 wastes 15/48 = 31%",
         contiguous=contig, paged_32=waste[32], paged_16=waste[16])
 
 

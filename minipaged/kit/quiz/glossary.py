@@ -29,7 +29,7 @@ GLOSSARY: tuple[Term, ...] = (
     Term("block", "块", "block_size token slots of K/V: the unit of allocation"),
     Term("block size", "块大小", "tokens per block (BS); vLLM's default is 16"),
     Term("logical block", "逻辑块", "block i of a sequence: token positions i*BS .. i*BS+BS-1"),
-    Term("physical block", "物理块", "block id in the pool [NB, Hkv, BS, D] where K/V live"),
+    Term("physical block", "物理块", "block id in the K/V pool (minipaged's: [NB, Hkv, BS, D])"),
     Term("block table", "块表",
          "per sequence: logical block -> physical block, one int32 entry per logical block"),
     Term("slot", "槽位", "physical_block * BS + offset: where one token's K/V are stored"),
@@ -45,7 +45,7 @@ GLOSSARY: tuple[Term, ...] = (
     Term("parallel sampling", "并行采样", "n completions of one prompt, sharing its blocks"),
     Term("beam search", "束搜索", "keep the k best candidates each step; beams share prefixes"),
     Term("sequence group", "序列组",
-         "all samples or beams of one request; scheduled and preempted together"),
+         "one request's samples or beams, scheduled and preempted together (paper, vLLM v0)"),
     Term("prefix caching", "前缀缓存",
          "reuse full blocks of earlier requests found by a chained hash (vLLM v0 and v1)"),
     Term("block hash", "块哈希",
@@ -58,8 +58,8 @@ GLOSSARY: tuple[Term, ...] = (
          "paper, vLLM v0; vLLM v1 only recomputes)"),
     Term("recompute", "重计算", "preemption by dropping blocks and re-running the prefill later"),
     Term("watermark", "水位线",
-         "free blocks kept back at admission to avoid instant preemption (vLLM v0: 1% of "
-         "the GPU blocks, vllm/core/block_manager.py)"),
+         "free blocks kept back at admission against instant preemption (vLLM v0: 1% of the "
+         "GPU blocks, vllm/core/block_manager.py; 0.32: off by default, vllm/config/scheduler.py)"),
     Term("token states", "token 状态", "slots that hold K/V of existing tokens (paper Fig. 2)"),
     Term("reserved", "预留", "slots set aside for tokens a request will produce later"),
     Term("internal fragmentation", "内部碎片", "slots reserved that will never hold a token"),
@@ -74,9 +74,9 @@ GLOSSARY: tuple[Term, ...] = (
          "softmax over tiles with a running max and sum (FlashAttention; vLLM's v2 reduce merges "
          "its partitions this way, while its paged kernel keeps the logits in shared memory)"),
     Term("thread block", "线程块",
-         "CUDA's unit of work on one SM; vLLM's paged kernel and minipaged's v1/v2 run one per "
-         "(query head, sequence), minipaged's v3/v4 one per (KV head, sequence) for up to 8 of "
-         "its query heads"),
+         "CUDA's unit of work on one SM; vLLM's paged kernel and minipaged's v1 run one per "
+         "(query head, sequence), minipaged's v3 one per (KV head, sequence) for up to 8 of "
+         "its query heads; the v2 and v4 kernels one per partition of those"),
     Term("warp", "线程束",
          "32 threads in lockstep; in vLLM's paged kernel (v1 and v2) the warps take KV blocks "
          "in turn"),
