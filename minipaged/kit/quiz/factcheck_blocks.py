@@ -43,7 +43,7 @@ def block_table_32k(ctx: Context) -> Finding:
         "block-table-32k", f"32768 tokens / 16 = 2048 int32 entries = {per} B per request, "
         f"{per * 1000 / 2**20:.1f} MiB per 1000 requests",
         "off", f"about {per * 1000 / 2**20:.0f} MiB per 1000 requests, "
-        f"{0.5 * 2**30 / (per * 1000):.0f}x less than claimed (the KV itself would be "
+        f"{0.5e9 / (per * 1000):.0f}x less than the 0.5 GB claimed (the KV itself would be "
         f"{kv / 2**30:.0f} GiB per request for OPT-13B)",
         bytes_per_request=per, bytes_per_1000=per * 1000)
 

@@ -78,8 +78,8 @@ GLOSSARY: tuple[Term, ...] = (
          "(query head, sequence), minipaged's v3 one per (KV head, sequence) for up to 8 of "
          "its query heads; the v2 and v4 kernels one per partition of those"),
     Term("warp", "线程束",
-         "32 threads in lockstep; in vLLM's paged kernel (v1 and v2) the warps take KV blocks "
-         "in turn"),
+         "32 threads issued together (in lockstep until their branches diverge); in vLLM's "
+         "legacy paged kernel (v1 and v2) the warps take KV blocks in turn"),
     Term("shared memory", "共享内存", "fast per-thread-block memory; holds the logits"),
     Term("partition (v2 kernel)", "分区",
          "512-token slice of a long context, reduced afterwards (paged_attention_v2)"),
