@@ -80,6 +80,14 @@ def check_token_ids(name: str, token_ids: Iterable[int]) -> list[int]:
     return tokens
 
 
+def check_id_list(name: str, seq_ids: object) -> list:
+    """``seq_ids`` as a list; a string or a single id is refused (it is one id, not a list)."""
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):  # 'a' is one id
+        raise TypeError(f"{name}={seq_ids!r:.60} must be a list of seq ids, got "
+                        f"{type(seq_ids).__name__}")
+    return list(seq_ids)
+
+
 def check_seq_id(name: str, seq_id: object, *, new: bool = False) -> Hashable:
     """A sequence id must be hashable (it keys the manager's tables). A ``new`` one must also
     equal itself (a NaN could never be looked up again) and not be a bool (True == 1)."""
@@ -136,8 +144,8 @@ def check_int_array(name: str, x: object, ndim: int) -> np.ndarray:
         a = np.asarray(x)
     except ValueError:  # NumPy's "inhomogeneous shape" names no argument
         raise ValueError(f"{name}={x!r:.60} has rows of different lengths") from None
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers (int32 by convention), got dtype {a.dtype}")
+    if a.dtype.kind not in "iu" and a.size:  # (an empty list's default dtype is float64)
+        raise TypeError(f"{name} must hold integers of any int dtype, got dtype {a.dtype}")
     if a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
     return a.astype(np.int64, copy=False)

@@ -158,3 +158,12 @@ def test_key_and_value_caches_must_not_share_memory():
     halves = np.zeros((2, 4, 2, 4, 3), np.float32)  # one buffer, two disjoint halves: fine
     reshape_and_cache(kv, kv + 1, halves[0], halves[1], np.array([5]))
     assert halves[0, 1, :, 1].tolist() == [[1.0] * 3] * 2 and halves[1, 1, 0, 1, 0] == 2.0
+
+
+def test_empty_lists_are_empty_int_arrays():
+    from minipaged.paged.paged_attention import paged_attention
+    # [] has NumPy's default dtype, float64: it was refused as "must hold integers".
+    kc, vc = caches()
+    empty = np.ones((0, 2, 3), np.float32)
+    reshape_and_cache(empty, empty, kc, vc, [])
+    assert paged_attention(empty, kc, vc, np.zeros((0, 1), np.int32), []).shape == (0, 2, 3)

@@ -151,8 +151,11 @@ def test_core_budgets():
     # when the contiguous policies' usage took the next request's prompt length (Pow2 sizes the
     # region by it; a prompt of 1 overstated it); 3,121 when the prefix cache counted computed
     # tokens, not blocks, and refused append_slot and fork before a prompt's K/V are computed
-    # (the block the append filled was cached over tokens with no K/V, and a prompt hit it).
-    assert sum(lines.values()) <= 3121, f"core path is {sum(lines.values())} lines (> 3,121)"
+    # (the block the append filled was cached over tokens with no K/V, and a prompt hit it);
+    # 3,135 for _checks.check_id_list, which block_tables and can_append_slots now share with
+    # swapping (a string read as a list of one-letter ids; 7 lines are an import ruff wraps),
+    # an empty list read as an empty int array, and a scheduler clock that never goes back.
+    assert sum(lines.values()) <= 3135, f"core path is {sum(lines.values())} lines (> 3,135)"
 
 
 def test_no_python_file_or_kernel_in_the_package_is_over_300_lines():
@@ -212,8 +215,9 @@ def test_package_does_not_grow():
     # arrival_steps; 18,540 when those refusals of ignored settings took one wording
     # (_checks.refuse_unused); 18,555 for the core's 15 of the scheduler's and tables' checks;
     # 18,560 when ContiguousPolicy.usage sized the next region by its prompt too; 18,570 for
-    # the prefix cache's refusal of an append or fork before the prompt's K/V are computed.
+    # the prefix cache's refusal of an append or fork before the prompt's K/V are computed;
+    # 18,584 for the core's check_id_list, empty int lists and a clock that never goes back.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18570, f"the package is {total} lines (> 18,570)"
+    assert total <= 18584, f"the package is {total} lines (> 18,584)"

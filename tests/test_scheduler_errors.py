@@ -215,3 +215,17 @@ def test_finish_seq_checks_its_arguments_and_the_step():
     assert g.outputs == [[1, 2, 3, 7, 8]] and g.finish_s == 0.3
     with pytest.raises(TypeError, match="request_id=True must not be a bool"):
         s.add_request(True, [1], 4)
+
+
+def test_the_clock_never_goes_back():
+    # A step applied at an earlier time than the last one gave negative latencies.
+    s = Scheduler(paged(), SchedulerConfig(max_model_len=64))
+    g = s.add_request("a", [1, 2, 3], 6)
+    s.update(s.schedule(), StepResult(0.1, [7]), 0.5)
+    out = s.schedule()
+    with pytest.raises(ValueError, match=r"now=0.2 is out of range: expected >= 0.5"):
+        s.update(out, StepResult(0.1, [8]), 0.2)
+    s.update(out, StepResult(0.1, [8]), 0.5)
+    assert g.seqs[0].token_ids == [1, 2, 3, 7, 8]
+    with pytest.raises(ValueError, match=r"now=0.2 is out of range: expected >= 0.5"):
+        s.finish_seq(g.seqs[0], 0.2)

@@ -100,15 +100,16 @@ def test_swap_bad_inputs():
 
 def test_a_group_is_a_collection_of_ids_not_one_id():
     """swap_out('a') read the string as the group ['a'] (and swapped sequence 'a' out); 5 and a
-    bytes id failed with "not iterable" or on its first byte."""
+    bytes id failed with "not iterable" or on its first byte. So did block_tables('a')."""
     m = KVCacheManager(4, 2, num_cpu_blocks=4)
     m.allocate("a", [1])
     m.allocate(5, [2])
     before = snapshot(m)
-    for call in (m.swap_out, m.swap_in, m.preempt_by_recompute, m.can_swap_out, m.can_swap_in):
+    for call in (m.swap_out, m.swap_in, m.preempt_by_recompute, m.can_swap_out, m.can_swap_in,
+                 m.block_tables, m.blocks_needed_to_append, m.can_append_slots):
         for bad, kind in (("a", "str"), (b"a", "bytes"), (5, "int")):
-            with pytest.raises(TypeError, match=rf"seq_ids={bad!r} must be a list of seq ids "
-                                                rf"\(a group\), got {kind}"):
+            with pytest.raises(TypeError, match=rf"seq_ids={bad!r} must be a list of seq ids, "
+                                                rf"got {kind}"):
                 call(bad)
     assert snapshot(m) == before
 

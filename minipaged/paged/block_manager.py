@@ -22,7 +22,14 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from minipaged._checks import SIZE_LIMIT, cdiv, check_int, check_seq_id, check_token_ids
+from minipaged._checks import (
+    SIZE_LIMIT,
+    cdiv,
+    check_id_list,
+    check_int,
+    check_seq_id,
+    check_token_ids,
+)
 from minipaged.contiguous.usage import KVUsage
 from minipaged.paged.block_allocator import BlockAllocator
 
@@ -75,7 +82,7 @@ class BlockManager:
 
     def block_tables(self, seq_ids: Sequence[SeqId], pad: int = -1) -> np.ndarray:
         """These sequences' tables as one int32 [S, MB] array (``pad_tables``)."""
-        return pad_tables([self._table(s) for s in seq_ids], pad)
+        return pad_tables([self._table(s) for s in check_id_list("seq_ids", seq_ids)], pad)
 
     def slot_mapping(self, seq_id: SeqId, start: int, end: int) -> np.ndarray:
         """int64 [end - start]: the cache slot of each token position in [start, end)."""

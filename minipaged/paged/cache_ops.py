@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged._checks import check_int_array
+
 
 def check_caches(key_cache: np.ndarray, value_cache: np.ndarray,
                  names: tuple[str, str] = ("key_cache", "value_cache"),
@@ -55,15 +57,12 @@ def check_scatter(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
             raise TypeError(f"{name}.dtype={x.dtype} != key_cache.dtype={key_cache.dtype}")
     if key.shape != value.shape:
         raise ValueError(f"key.shape={key.shape} != value.shape={value.shape}")
-    slots = np.asarray(slot_mapping)
-    if slots.dtype.kind not in "iu":
-        raise TypeError(f"slot_mapping must hold integers, got dtype {slots.dtype}")
+    slots = check_int_array("slot_mapping", slot_mapping, 1)
     if slots.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping.shape={slots.shape} must be [T={key.shape[0]}]")
     for t in np.flatnonzero(slots >= nb * bs)[:1]:
         raise ValueError(f"slot_mapping[{t}]={int(slots[t])} is out of range "
                          f"[0, NB*BS={nb * bs}) (NB={nb}, BS={bs})")
-    slots = slots.astype(np.int64)
     uniq, counts = np.unique(slots[slots >= 0], return_counts=True)
     for dup in uniq[counts > 1][:1]:
         raise ValueError(f"slot_mapping writes slot {dup} twice (tokens "

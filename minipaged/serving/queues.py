@@ -114,6 +114,7 @@ class RequestQueues:
         self.rejections: dict[int, str] = {}  # group order -> why it was refused
         self._next_seq_id = self._next_order = 0  # the next Sequence id and group order
         self._pending: SchedulerOutput | None = None  # the plan update() has yet to apply
+        self._now = 0.0  # the time of the latest update: a clock never goes back
         self._request_ids: set = set()  # every request id queued so far: each names one request
 
     def add_request(self, request_id, prompt_token_ids: list[int], output_len: int, *,
@@ -178,7 +179,7 @@ class RequestQueues:
         """Apply the latest plan's results at time ``now``; returns the groups that finished.
         Checked first (``_check_step``): a bad result changes nothing."""
         self._check_step(out, result, now)
-        self._pending = None
+        self._pending, self._now = None, float(now)
         for c in out.prefills:
             c.seq.num_computed = c.end
             if c.end == len(c.seq.token_ids):
@@ -215,7 +216,7 @@ class RequestQueues:
             raise ValueError("out must be the latest schedule()'s output, applied once")
         if not isinstance(result, StepResult):
             raise TypeError(f"result must be a StepResult, got {type(result).__name__}")
-        check_float("now", now, low=0.0)
+        check_float("now", now, low=self._now)
         samples = result.samples
         if not isinstance(samples, list) or len(samples) != len(out.sampled):
             raise ValueError(f"StepResult.samples={samples!r:.40} must be a list, one entry for "
@@ -261,4 +262,4 @@ class RequestQueues:
             raise ValueError(f"{s!r:.60} is not a running sequence")
         if self._pending is not None:  # update() would append to it after it was freed
             raise ValueError("finish_seq between schedule() and update(): apply the step first")
-        return bool(self._finish([s], check_float("now", now, low=0.0)))
+        return bool(self._finish([s], check_float("now", now, low=self._now)))

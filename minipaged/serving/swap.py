@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
-from minipaged._checks import SIZE_LIMIT, check_dtype, check_int, check_seq_id
+from minipaged._checks import SIZE_LIMIT, check_dtype, check_id_list, check_int, check_seq_id
 from minipaged.paged.block_allocator import BlockAllocator
 from minipaged.paged.cache_ops import swap_blocks
 from minipaged.sharing.prefix_cache import HashFn, PrefixCachingBlockManager
@@ -64,10 +64,8 @@ class KVCacheManager(PrefixCachingBlockManager):
         return super()._no_table_error(seq_id)
 
     def _group(self, seq_ids: Iterable[Hashable], where: str) -> list[Hashable]:
-        if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):  # 'a' is one id
-            raise TypeError(f"{where}: seq_ids={seq_ids!r:.60} must be a list of seq ids (a "
-                            f"group), got {type(seq_ids).__name__}")
-        ids = [check_seq_id(f"seq_ids[{i}]", s) for i, s in enumerate(seq_ids)]
+        ids = [check_seq_id(f"seq_ids[{i}]", s)
+               for i, s in enumerate(check_id_list(f"{where}: seq_ids", seq_ids))]
         if not ids:
             raise ValueError(f"{where}: seq_ids is empty")
         if len(set(ids)) != len(ids):

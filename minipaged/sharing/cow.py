@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from minipaged._checks import check_id_list
 from minipaged.paged.block_manager import BlockManager, SeqId
 
 
@@ -89,7 +90,7 @@ class CowBlockManager(BlockManager):
         """New blocks one ``append_slot`` on each of ``seq_ids`` takes: one per full last block,
         one per copy (k writers of a block u tables hold copy k times if k < u, else k - 1)."""
         need, writers = 0, {}
-        for s in seq_ids:
+        for s in check_id_list("seq_ids", seq_ids):
             table = self._table(s)
             if len(self._tokens[s]) % self.block_size == 0:
                 need += 1
