@@ -16,7 +16,8 @@ GQA: query head h reads KV head h // (H // Hkv). Scale: 1 / sqrt(D) unless given
 
 Invariant (the reason paging is safe): the output depends only on the tokens a sequence owns.
 Entries of block_tables past ceil(seq_len / BS), slots past seq_len in the last block, and free
-blocks may hold anything (the grader fills them with NaN) without changing any output.
+blocks may hold anything (the grader puts junk ids in those entries and NaN in those slots)
+without changing any output.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def paged_attention_gather(query: np.ndarray, key_cache: np.ndarray, value_cache
     """Decode attention through block tables: out [S, H, D] in query's dtype.
 
     Task: for each sequence s, gather its K/V, then softmax(q . k * scale) @ v per head.
-    Invariants: equal (to rounding) to dense attention over the gathered K/V; NaN in unused
-    entries never reaches the output.
+    Invariants: equal (to rounding) to dense attention over the gathered K/V, large logits
+    too (the grader tries scale=1000); NaN in unused entries never reaches the output.
     Errors: ValueError when H is not a multiple of Hkv or D differs between query and cache.
     Hint: for GQA, np.repeat(k, H // Hkv, axis=1) turns [Tk, Hkv, D] into [Tk, H, D]; use
     np.einsum("hd,thd->ht", q_s, k) for the logits; subtract the row max before np.exp.

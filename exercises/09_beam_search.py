@@ -30,7 +30,7 @@ def fork_and_free(tables: list[list[int]], ref_counts: dict[int, int],
     blocks that reach 0.
     Invariants: afterwards ref_counts[b] == number of entries equal to b in new_tables, and
     no block of a new table was freed.
-    Errors: IndexError (or ValueError) when a parent index is outside tables.
+    Errors: IndexError (or ValueError) when a parent index is outside 0 .. len(tables) - 1.
     Hint: order matters. Raise the counts of the survivors before lowering those of the old
     beams, or a block shared by a dropped beam and a survivor falls to 0 too early.
     """

@@ -34,7 +34,8 @@ def choose_victims(groups: list[dict], num_free_blocks: int, block_size: int) ->
     Rule: while the step's need of the kept groups exceeds the free blocks, preempt the kept
     group that arrived last (its blocks become free, its need disappears). Return [] when the
     step fits. Arrival ties: the later in the input list counts as later.
-    Invariant: the kept groups' need <= free blocks after preemption.
+    Invariant: the kept groups' need <= free blocks after preemption; groups (the list and
+    its dicts) is left as it was.
     """
     raise NotImplementedError
 

@@ -34,8 +34,9 @@ def random_block_tables(rng: np.random.Generator, need, num_blocks: int) -> np.n
     return tables
 
 
-def make_batch(rng: np.random.Generator, dtype=np.float64):
-    """A random decode batch in a paged pool, plus each sequence's K/V kept contiguously."""
+def make_batch(rng: np.random.Generator, dtype=np.float64, junk: bool = False):
+    """A random decode batch in a paged pool, plus each sequence's K/V kept contiguously.
+    With ``junk``, the entries past a row's blocks hold random ids in [-3, NB + 3)."""
     hkv = int(rng.choice([1, 2, 4]))
     h, d = hkv * int(rng.choice([1, 2, 4])), int(rng.choice([4, 8, 16]))
     bs, s_count = int(rng.choice([1, 2, 4, 8, 16])), int(rng.integers(1, 5))
@@ -43,6 +44,8 @@ def make_batch(rng: np.random.Generator, dtype=np.float64):
     need = [cdiv(int(n), bs) for n in seq_lens]
     nb = sum(need) + int(rng.integers(0, 4))
     tables = random_block_tables(rng, need, nb)
+    for s, n in enumerate(need if junk else []):  # the exercises say: they may hold anything
+        tables[s, n:] = rng.integers(-3, nb + 3, size=tables.shape[1] - n)
     kc = np.full((nb, hkv, bs, d), np.nan, dtype=dtype)  # [NB, Hkv, BS, D]
     vc = np.full((nb, hkv, bs, d), np.nan, dtype=dtype)
     ks, vs = [], []
@@ -131,8 +134,8 @@ def _check(fn, q, kc, vc, tables, lens, ks, vs, message, scale=None,
     inputs = dict(S_H_D=q.shape, NB_Hkv_BS_D=kc.shape, block_tables=tables, seq_lens=lens)
     nan = np.asarray(got).dtype.kind == "f" and np.isnan(got).any()
     equal(got, want, message, inputs, tol=1e-9 if q.dtype == np.float64 else 2e-5,
-          hint="NaN in the output means an unused slot or a padding entry was read" if nan
-          else "")
+          hint="NaN in the output: an unused slot or a padding entry was read, or exp "
+          "overflowed (subtract the largest logit first)" if nan else "")
     equal(str(np.asarray(got).dtype), str(q.dtype), "output dtype must be query's dtype", inputs)
 
 
@@ -152,11 +155,12 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str, one_block: bool = Fa
 
     @ex.case("random batches: GQA, ragged lengths, scattered blocks, NaN garbage (float64)",
              hint="query head h reads KV head h // (H // Hkv); each sequence stops at its "
-                  "own seq_len")
+                  "own seq_len, and its row's entries past its blocks hold junk half the time")
     def _random(m):
         rng = np.random.default_rng(11)
-        for _ in range(25):
-            _check(getattr(m, fn_name), *make_batch(rng), "random batch", one_block=one_block)
+        for i in range(25):
+            _check(getattr(m, fn_name), *make_batch(rng, junk=bool(i % 2)), "random batch",
+                   one_block=one_block)
 
     @ex.case("float32 and an explicit scale",
              hint="use the scale argument when given (1/sqrt(D) only by default) and return "
@@ -166,6 +170,14 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str, one_block: bool = Fa
         for _ in range(10):
             _check(getattr(m, fn_name), *make_batch(rng, np.float32), "float32 batch, scale=0.3",
                    scale=0.3, one_block=one_block)
+
+    @ex.case("large logits (scale=1000) do not overflow",
+             hint="exp of a logit near 1000 is inf: subtract the largest logit before np.exp")
+    def _large(m):
+        rng = np.random.default_rng(15)
+        for _ in range(5):
+            _check(getattr(m, fn_name), *make_batch(rng), "scale=1000", scale=1000.0,
+                   one_block=one_block)
 
     @ex.case("H not a multiple of Hkv is rejected",
              hint="grouped-query attention needs H % Hkv == 0; check it up front")
@@ -183,11 +195,12 @@ EX_06 = Exercise("06_paged_gather", "paged attention by gathering through the bl
 
 @EX_06.case("gather_kv returns the logical K/V in token order",
             hint="gathered blocks are [n, Hkv, BS, D]: bring BS next to n before merging "
-                 "them into tokens, then cut at seq_len")
+                 "them into tokens, then cut at seq_len (the row's entries past its blocks "
+                 "hold junk half the time: use only the first n)")
 def _gather(m):
     rng = np.random.default_rng(13)
-    for _ in range(30):
-        q, kc, vc, tables, lens, ks, vs = make_batch(rng)
+    for i in range(30):
+        q, kc, vc, tables, lens, ks, vs = make_batch(rng, junk=bool(i % 2))
         for s in range(len(lens)):
             inputs = dict(NB_Hkv_BS_D=kc.shape, block_table_row=tables[s], seq_len=int(lens[s]))
             k, v = m.gather_kv(kc, vc, tables[s], int(lens[s]))
@@ -195,7 +208,7 @@ def _gather(m):
             equal(np.asarray(v), vs[s], "gathered V differ from what was written", inputs)
 
 
-@EX_06.case("gather_kv rejects -1 or out-of-range entries inside seq_len",
+@EX_06.case("gather_kv rejects seq_len=0, and -1 or out-of-range entries inside seq_len",
             hint="key_cache[-1] is a real block in NumPy: check the entries the sequence uses")
 def _gather_bad(m):
     kc = np.zeros((4, 1, 2, 2))
@@ -203,6 +216,9 @@ def _gather_bad(m):
         rejects(lambda row=row, n=n: m.gather_kv(kc, kc, np.array(row, np.int32), n),
                 (ValueError, IndexError), "a bad entry inside seq_len must be rejected",
                 dict(NB=4, BS=2, block_table_row=row, seq_len=n))
+    rejects(lambda: m.gather_kv(kc, kc, np.array([0, 1], np.int32), 0), ValueError,
+            "seq_len=0 must be rejected", dict(NB=4, BS=2, block_table_row=[0, 1], seq_len=0),
+            hint="a sequence holds at least one token: check seq_len >= 1 first")
 
 
 _attention_cases(EX_06, "paged_attention_gather",

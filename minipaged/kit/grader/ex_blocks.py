@@ -171,9 +171,13 @@ def _mapping(m):
            got=type(got).__name__, hint="the kernels take one array of slots, not a list")
     equal(str(np.asarray(m.slot_mapping(*cases[0])).dtype), "int64", "slot_mapping must be "
           "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, cases[0])))
-    rejects(lambda: m.slot_mapping([0, 1], 4, 3, 9), ValueError,
-            "end beyond the table must be rejected",
-            dict(block_table=[0, 1], block_size=4, start=3, end=9))
+    for start, end, what in ((3, 9, "end beyond the table"), (-1, 2, "a negative start"),
+                             (5, 3, "start after end")):
+        rejects(lambda start=start, end=end: m.slot_mapping([0, 1], 4, start, end), ValueError,
+                f"{what} must be rejected", dict(block_table=[0, 1], block_size=4, start=start,
+                                                 end=end),
+                hint="check 0 <= start <= end <= len(block_table) * block_size: NumPy reads "
+                     "table[-1] and returns an empty range without a word")
 
 
 @EX_04.case("padded_block_tables pads with -1, int32",

@@ -44,11 +44,12 @@ def _opt_slots(m):
 
 
 @EX_01.case("slots and blocks on random budgets (integer exact)",
-            hint="a block is block_size slots; a partial block cannot be used")
+            hint="a block is block_size slots; a partial block cannot be used; a budget of 0 "
+                 "bytes holds 0 of them (only a negative budget is an error)")
 def _random_slots(m):
     rng = np.random.default_rng(1)
-    budgets = [(int(rng.integers(0, 2**46)), int(rng.integers(1, 2_000_000)),
-                int(rng.choice([1, 8, 16, 32, 256]))) for _ in range(200)]
+    budgets = [(0, 1000, 16)] + [(int(rng.integers(0, 2**46)), int(rng.integers(1, 2_000_000)),
+                                  int(rng.choice([1, 8, 16, 32, 256]))) for _ in range(200)]
     agree(m.num_token_slots, lambda kv, per: kv // per, [b[:2] for b in budgets],
           "wrong num_token_slots")
     agree(m.num_blocks, lambda kv, per, bs: kv // (per * bs), budgets, "wrong num_blocks")
@@ -127,7 +128,8 @@ def _sizes(m):
              "the paper's example: an output of 25 reserves 32, plus the prompt of 100"),
             (("pow2", 500, 1500, 1800),
              "pow2 rounds the output (1000 -> 1024), not the final length (1500 -> 2048)"),
-            (("pow2", 100, 1500, 1500), "pow2 must be capped at max_seq_len")):
+            (("pow2", 100, 1500, 1500), "pow2 must be capped at max_seq_len"),
+            (("max", 100, 125, 4096), "max reserves max_seq_len slots, whatever it is")):
         agree(m.reservation_size, _ref_size, [args], why)
 
 
@@ -168,6 +170,7 @@ def _bad_policy(m):
                         "final_len=4096 > max_seq_len=2048"),
                        (lambda: m.reservation_size("pow2", 20, 10, 2048),
                         "prompt_len=20 > final_len=10"),
+                       (lambda: m.reservation_size("oracle", 0, 10, 2048), "prompt_len=0"),
                        (lambda: m.contiguous_breakdown("oracle", 5, 20, 10, 2048),
                         "current_len=20 > final_len=10"),
                        (lambda: m.contiguous_breakdown("max", 10, 5, 20, 2048),

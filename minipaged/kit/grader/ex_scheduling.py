@@ -218,6 +218,11 @@ def _victims(m):
                            "seq_lens": lens, "num_blocks": sum(cdiv(n, bs) for n in lens)})
         cases.append((groups, int(rng.integers(0, 4)), bs))
     agree(m.choose_victims, _ref_victims, cases, "wrong victims", convert=list)
+    groups = cases[0][0] + [dict(cases[0][0][0], id="late", arrival=9.0)]  # preempted
+    before = [dict(g) for g in groups]
+    m.choose_victims(groups, 0, 1)
+    equal(groups, before, "choose_victims must leave its groups as they were", dict(groups=before,
+          num_free_blocks=0, block_size=1), hint="sort a copy: the scheduler keeps its list")
 
 
 @EX_11.case("swap or recompute by the stated cost model",
@@ -235,6 +240,7 @@ def _swap(m):
           hint="read the docstring's comparison again: which answer does a tie get?")
     for args, what in (((1, 1, 1, 0.0, 1.0), "pcie_bytes_per_s=0.0"),
                        ((1, 1, 1, -8e9, 1.0), "pcie_bytes_per_s=-8e9"),
-                       ((1, 1, 1, 8e9, 0.0), "prefill_tokens_per_s=0.0")):
+                       ((1, 1, 1, 8e9, 0.0), "prefill_tokens_per_s=0.0"),
+                       ((1, 1, 1, 8e9, -1e4), "prefill_tokens_per_s=-1e4")):
         rejects(lambda args=args: m.swap_or_recompute(*args), ValueError,
                 f"{what} must be rejected", what, hint="check both rates before dividing")

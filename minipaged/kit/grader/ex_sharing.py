@@ -207,8 +207,12 @@ def _beam_random(m):
         total = sum(len(t) for t in want_new)
         equal(m.memory_saving(want_new), (total - len(want_counts)) / total,
               "wrong memory saving", dict(tables=want_new), tol=1e-12)
-    equal(m.memory_saving([]), 0.0, "no blocks: saving 0.0", dict(tables=[]))
+    for tables in ([], [[], []]):
+        equal(m.memory_saving(tables), 0.0, "no blocks: saving 0.0", dict(tables=tables))
     counts = {0: 1}
-    rejects(lambda: m.fork_and_free([[0]], counts, [3]), (IndexError, ValueError),
-            "parent index 3 of 1 beam must be rejected", dict(tables=[[0]], parents=[3]),
-            state=lambda: dict(counts), hint="check every parent index before changing a count")
+    for bad in (3, -1):
+        rejects(lambda bad=bad: m.fork_and_free([[0]], counts, [bad]), (IndexError, ValueError),
+                f"parent index {bad} of 1 beam must be rejected", dict(tables=[[0]],
+                                                                      parents=[bad]),
+                state=lambda: dict(counts), hint="check every parent index before changing a "
+                "count" + (": tables[-1] is the last beam in Python" if bad < 0 else ""))
