@@ -216,8 +216,9 @@ def test_package_does_not_grow():
     # (_checks.refuse_unused); 18,555 for the core's 15 of the scheduler's and tables' checks;
     # 18,560 when ContiguousPolicy.usage sized the next region by its prompt too; 18,570 for
     # the prefix cache's refusal of an append or fork before the prompt's K/V are computed;
-    # 18,584 for the core's check_id_list, empty int lists and a clock that never goes back.
+    # 18,584 for the core's check_id_list, empty int lists and a clock that never goes back;
+    # 18,620: 36 for grader cases that catch 14 more wrong solutions which passed every case.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18584, f"the package is {total} lines (> 18,584)"
+    assert total <= 18620, f"the package is {total} lines (> 18,620)"
