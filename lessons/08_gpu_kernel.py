@@ -198,7 +198,7 @@ console.print(f"v3 reads K {reads[1] // reads[3]}x less: H/Hkv = {H // HKV}. Wit
 # %% [markdown]
 # ## Registers and spills, from the compiler the GPU uses
 # On a GPU, CuPy compiles this text with NVRTC. NVRTC is a library, so it runs here too (with
-# `pip install 'minipaged[test]'`): ptxas reports per kernel how many registers each thread
+# `python -m pip install -e ".[test]"`): ptxas reports per kernel how many registers each thread
 # needs (which caps how many blocks share an SM) and whether any value spilled to slow local
 # memory. CI fails on any spill (tests/test_cuda_nvrtc.py). Full table:
 # `python -m minipaged.cuda.report`.

@@ -163,8 +163,8 @@ if model_dir is None and all(importlib.util.find_spec(m) for m in ("transformers
     write_random_model(model_dir, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=128, vocab_size=300)
 if model_dir is None:
-    console.print("no model directory and no transformers: skipped (pip install "
-                  "'minipaged[hf]' and set MINIPAGED_MODEL_DIR to a downloaded model)")
+    console.print("no model directory and no transformers: skipped (python -m pip install -e "
+                  "'.[hf]' and set MINIPAGED_MODEL_DIR to a downloaded model)")
 else:
     from minipaged.model.hf import load_hf
 

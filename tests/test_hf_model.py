@@ -19,10 +19,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the model needs torch: pip install 'minipaged[torch]'")
+from minipaged._install import HF_EXTRA, TEST_STEPS, TORCH_HINT
+
+torch = pytest.importorskip("torch", reason=f"the model {TORCH_HINT}")
 transformers = pytest.importorskip(
-    "transformers", reason="the reference is transformers: pip install 'minipaged[test]'")
-pytest.importorskip("tokenizers", reason="pip install 'minipaged[hf]'")
+    "transformers", reason=f"the reference is transformers; {TEST_STEPS}")
+pytest.importorskip("tokenizers", reason=f"needs tokenizers; from a checkout: {HF_EXTRA}")
 
 from hf_helpers import FAMILIES  # noqa: E402
 

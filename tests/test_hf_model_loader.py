@@ -17,10 +17,12 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the model needs torch: pip install 'minipaged[torch]'")
+from minipaged._install import HF_EXTRA, TEST_STEPS, TORCH_HINT
+
+torch = pytest.importorskip("torch", reason=f"the model {TORCH_HINT}")
 pytest.importorskip(
-    "transformers", reason="the reference is transformers: pip install 'minipaged[test]'")
-pytest.importorskip("tokenizers", reason="pip install 'minipaged[hf]'")
+    "transformers", reason=f"the reference is transformers; {TEST_STEPS}")
+pytest.importorskip("tokenizers", reason=f"needs tokenizers; from a checkout: {HF_EXTRA}")
 
 from minipaged.kit.cli import main  # noqa: E402
 from minipaged.model.engine import LLM  # noqa: E402
