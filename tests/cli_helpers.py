@@ -43,9 +43,11 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "binary.bin").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x01" * 64)
     (tmp / "binary.py").write_bytes(b"\xff\xfe\x00" * 64)
     (tmp / "adir").mkdir()
+    (tmp / "model.json").mkdir()      # where train --out model.pt would write its report
     out.update(binary=str(tmp / "binary.bin"), binary_py=str(tmp / "binary.py"),
                dir=str(tmp / "adir"), missing=str(tmp / "missing.jsonl"),
-               missing_py=str(tmp / "missing.py"), missing_dir=str(tmp / "no" / "such"))
+               model_pt=str(tmp / "model.pt"), missing_py=str(tmp / "missing.py"),
+               missing_dir=str(tmp / "no" / "such"))
     return out
 
 

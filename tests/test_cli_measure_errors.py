@@ -44,10 +44,15 @@ CASES: list[tuple[str, str]] = [
                                                   "would need about"),
     ("bench attention --heads 3 --kv-heads 2 --quick", "--heads=3 must be a multiple of "
                                                        "--kv-heads=2"),
-    (f"bench attention --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=256 (in blocks"),
+    (f"bench attention --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=256 (--quick's "
+                                                 "default) (in blocks"),
+    ("bench attention --quick --contexts 1000000000", "--seqs=4 (--quick's default) x --contexts="
+     "1000000000 (in blocks of --block-size=16) x --kv-heads=2 (--quick's default) x "
+     "--head-size=32 (--quick's default) would need about"),
     ("bench kernel --backend cpu --heads 3 --kv-heads 2 --quick", "--heads=3 must be a "
                                                                   "multiple of --kv-heads=2"),
-    (f"bench kernel --backend cpu --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=64"),
+    (f"bench kernel --backend cpu --seqs {10**30} --quick", f"--seqs={10**30} x --contexts=64 "
+                                                            "(--quick's default)"),
     ("bench kernel --heads 6 --kv-heads 4", "--heads=6 must be a multiple of --kv-heads=4"),
     ("bench simulate --sizes 0", "--sizes=0 must be >= 1"),
     (f"bench simulate --sizes 10 {BIG}", f"--sizes={BIG} would need about"),

@@ -96,13 +96,16 @@ CASES: list[tuple[str, str]] = [
      f"--threads={10**30} must be >= 1 and <= "),
     (f"train --seed {10**30} --steps 1 --warmup 0 --out {{dir}}/x.pt",
      f"--seed={10**30} must be >= 0 and < 2**64"),
+    ("train --steps 1 --warmup 0 --num-eval 1 --out {model_pt}", "model.json', is a directory; "
+                                                                 "expected a file name to write"),
     ("train --warmup 3 --steps 2 --out {dir}/x.pt", "--warmup=3 is longer than --steps=2: the "
                                                     "learning rate would never reach its peak"),
     # generate --model (a Hugging Face directory)
     ("generate --model {missing} hi", "does not exist; expected an existing directory"),
     ("generate --model {file} hi", "is a file; expected a directory"),
     ("generate --kv-cache-gb 0 hi", "--kv-cache-gb=0.0 must be > 0"),
-    ("generate --chat hi", "need --model"),
+    ("generate --chat hi", "--chat needs --model DIR"),
+    ("generate hi --max-model-len 5", "--max-model-len=5 needs --model DIR"),
 ]
 
 

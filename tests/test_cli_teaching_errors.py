@@ -34,6 +34,8 @@ CASES: list[tuple[str, str]] = [
     ("demo --list paging --seed 3", "--list lists the scenes and plays none: SCENE 'paging', "
                                     "--seed=3 would not be used; expected --list alone"),
     # check
+    ("check", "name the exercise to grade: its number or name (above) or a path"),
+    ("check --solution", "name the exercise to grade"),
     ("check 99", "there is no exercise '99'"),
     ("check nope", "is neither a number nor a .py file"),
     ("check 4 --timeout -1", "--timeout=-1.0 must be >= 0"),

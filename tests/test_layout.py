@@ -217,8 +217,11 @@ def test_package_does_not_grow():
     # 18,560 when ContiguousPolicy.usage sized the next region by its prompt too; 18,570 for
     # the prefix cache's refusal of an append or fork before the prompt's K/V are computed;
     # 18,584 for the core's check_id_list, empty int lists and a clock that never goes back;
-    # 18,620: 36 for grader cases that catch 14 more wrong solutions which passed every case.
+    # 18,620: 36 for grader cases that catch 14 more wrong solutions which passed every case;
+    # 18,632 for command-line messages that name only flags the user typed, a bench simulate
+    # title without blocks for Orca, train's report path checked before training, and check's
+    # missing exercise said on stderr.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18620, f"the package is {total} lines (> 18,620)"
+    assert total <= 18632, f"the package is {total} lines (> 18,632)"

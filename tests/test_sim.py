@@ -124,6 +124,12 @@ def test_bench_simulate_quick_cli(capsys):
     assert "requests/s" in out and "rates per CPU second" in out and "60" in out
 
 
+def test_bench_simulate_names_a_block_size_only_for_paged(capsys):
+    assert main(["bench", "simulate", "--sizes", "20", "--policy", "orca-max"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the title may wrap
+    assert "ShareGPT, orca-max, all arrivals" in out and "block" not in out
+
+
 def test_bench_simulate_quick_flag(capsys):
     assert main(["bench", "simulate", "--quick"]) == 0
     assert "1,000" in capsys.readouterr().out

@@ -34,10 +34,11 @@ def fill_unset(args, defaults: dict, quick: dict) -> None:
             args.filled[name] = "--quick's default" if quick_run else "the default"
 
 
-def flag_value(args, name: str) -> str:
-    """``--name=value`` as a message names it; a value the user did not type says where it came
-    from (``--kv-heads=2 (--quick's default)``), so the message never blames a flag unasked."""
-    text = f"--{name.replace('_', '-')}={getattr(args, name)}"
+def flag_value(args, name: str, value=None) -> str:
+    """``--name=value`` (or ``=value``, one of a list's) as a message names it; a value the user
+    did not type says where it came from (``--kv-heads=2 (--quick's default)``), so the message
+    never blames a flag unasked."""
+    text = f"--{name.replace('_', '-')}={getattr(args, name) if value is None else value}"
     origin = getattr(args, "filled", {}).get(name)
     return f"{text} ({origin})" if origin else text
 

@@ -86,8 +86,9 @@ def run(args) -> int:
     dtype = np.dtype(args.dtype)
     tk = max(args.contexts)
     # the paged caches, their contiguous copy and the chunked gather: about 3x one K/V pool
-    refuse_if_too_big(f"--seqs={S} x --contexts={tk} (in blocks of --block-size={BS}) x "
-                      f"--kv-heads={Hkv} x --head-size={D}",
+    refuse_if_too_big(f"{flag_value(args, 'seqs')} x {flag_value(args, 'contexts', tk)} (in "
+                      f"blocks of --block-size={BS}) x {flag_value(args, 'kv_heads')} x "
+                      f"{flag_value(args, 'head_size')}",
                       6 * S * (cdiv(tk, BS) * BS) * Hkv * D * dtype.itemsize)
     rng = np.random.default_rng(args.seed)
     t = table(f"decode attention, S={S} H={H} Hkv={Hkv} D={D} BS={BS} {dtype.name}, median "

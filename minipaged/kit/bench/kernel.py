@@ -79,7 +79,9 @@ def run(args) -> int:
                          f"{flag_value(args, 'kv_heads')}")
     itemsize = np.dtype(args.dtype).itemsize
     if not gpu:  # host memory (on a GPU, CuPy's OutOfMemoryError, a MemoryError, refuses)
-        refuse_if_too_big(f"--seqs={s} x --contexts={max(contexts)} x --kv-heads={Hkv}",
+        refuse_if_too_big(f"{flag_value(args, 'seqs')} x "
+                          f"{flag_value(args, 'contexts', max(contexts))} x "
+                          f"{flag_value(args, 'kv_heads')}",
                           4 * s * (max(contexts) + BS) * Hkv * D * itemsize)
     if gpu and (reason := gpu_missing()) is not None:
         console.print(f"[red]No GPU:[/] {escape(reason)}. Nothing was measured. "

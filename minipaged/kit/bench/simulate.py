@@ -28,11 +28,12 @@ def run(args) -> int:
     sizes = args.sizes
     with flag_words({"policy": "--policy", "block_size": "--block-size"}):
         SimConfig(policy=args.policy, block_size=args.block_size)  # refused now, not at size 1
-    check_sim_size(max(sizes), block_size=args.block_size, flag="--sizes")
+    paged = args.policy == "paged"  # a contiguous policy has no blocks (nor their state)
+    check_sim_size(max(sizes), block_size=args.block_size if paged else None, flag="--sizes")
     console = Console()
-    t = table(f"simulator speed: ShareGPT, {args.policy}, block {args.block_size}, all arrivals "
-              "at t=0; rates per CPU second", ("requests", "wall s", "CPU s", "requests/s",
-                                               "tokens/s", "steps", "preemptions"))
+    policy = f"{args.policy}, block {args.block_size}" if paged else args.policy
+    t = table(f"simulator speed: ShareGPT, {policy}, all arrivals at t=0; rates per CPU second",
+              ("requests", "wall s", "CPU s", "requests/s", "tokens/s", "steps", "preemptions"))
     for n in sizes:
         cfg = SimConfig(workload="sharegpt", policy=args.policy, num_requests=n,
                         block_size=args.block_size)

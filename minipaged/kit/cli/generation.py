@@ -161,8 +161,10 @@ def _load(args):
     """(model, tokenizer or None, prompts as text or token ids): the Hugging Face model of
     ``--model DIR``, the tiny model of ``--checkpoint``, or the shipped tiny model."""
     if args.model is None:
-        if args.chat or args.max_model_len is not None:
-            raise ValueError("--chat and --max-model-len need --model DIR")
+        given = [flag for flag, on in (("--chat", args.chat), (f"--max-model-len="
+                 f"{args.max_model_len}", args.max_model_len is not None)) if on]
+        if given:
+            raise ValueError(f"{' and '.join(given)} need{'s' * (len(given) == 1)} --model DIR")
         if args.checkpoint is None:
             return load_model(), None, args.prompts
         try:

@@ -137,7 +137,9 @@ def check(args) -> int:
         for ex in all_exercises().values():
             t.add_row(str(ex.number), f"exercises/{ex.name}.py", ex.title, str(len(ex.cases)))
         console.print(t)
-        return 0 if args.list else 2
+        if args.list:
+            return 0
+        raise ValueError("name the exercise to grade: its number or name (above) or a path")
     with flag_words({"solution": "--solution"}):
         exercise, path = resolve(args.exercise, solution=args.solution)
     result = grade(exercise, path, timeout_s=args.timeout)

@@ -57,6 +57,9 @@ def train(args) -> int:
     need_torch()
     training.check_warmup(args.warmup, args.steps, names=("--warmup", "--steps"))
     training.check_out(args.out, name="--out")
+    report = str(training.report_path(args.out))   # written after the training: checked now
+    if problem := output_file(report):
+        raise ValueError(f"--out={args.out!r}: its report, {report!r}, {problem}")
     refuse_if_too_big(f"--batch-size={args.batch_size} (about "
                       f"{nbytes(training.BYTES_PER_EXAMPLE)} of activations per example)",
                       args.batch_size * training.BYTES_PER_EXAMPLE)
