@@ -123,6 +123,28 @@ def test_bad_generate_arguments_are_refused_by_name(model, monkeypatch):
     check_pool_full(llm)
 
 
+def test_bad_prompts_and_params_lists_say_what_was_expected(model):
+    """A prompt of max_seq_len tokens was refused as 'has 256 tokens; max_seq_len is 256', a bad
+    id without naming it, and an empty or short list of params without the counts (the empty
+    one as 'must be a SamplingParams, got list', though lists are taken)."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    llm, L = LLM(model, num_blocks=8, block_size=4), model.cfg.max_seq_len
+    with pytest.raises(ValueError, match=re.escape(f"prompts[0] has {L} tokens (with any "
+                                                   f"special tokens); expected at most {L - 1}")):
+        llm.generate(["a" * (L - 1)])
+    with pytest.raises(ValueError, match=re.escape("prompts[1] holds token id 100, outside "
+                                                   "[0, 100)")):
+        llm.generate([[1], [2, 100]])
+    two = SamplingParams(max_tokens=2)
+    for params, got in (([], 0), ([two], 1), ([two, two, two], 3)):
+        with pytest.raises(ValueError, match=re.escape(f"params has {got} SamplingParams for 2 "
+                                                       "prompts; expected one per prompt")):
+            llm.generate(["a", "b"], params)
+    check_pool_full(llm)
+
+
 def test_a_tiny_temperature_decodes_greedily(model):
     """softmax(logits / 1e-320) overflowed: inf - inf is NaN, and the last token ('~') was
     picked at every step, by the engine and the reference alike."""

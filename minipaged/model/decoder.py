@@ -4,8 +4,8 @@ What it teaches: what the KV cache holds and where it is read. Each layer projec
 states of the new tokens to queries, keys and values; the keys and values are what the paged
 cache stores (vLLM paper section 2.1), and attention is the only place a token looks at other
 tokens. Everything else (norms, MLP, the output head) works on one token at a time, which is why
-an engine can pack the tokens of many sequences into one flat batch of T rows (vLLM's "packed"
-layout) and only attention needs to know which rows belong together.
+an engine can pack the tokens of many sequences into one flat batch of T rows (so does vLLM's
+vllm/v1/worker/gpu_model_runner.py) and only attention needs to know which rows belong together.
 
 So the model offers two forward passes:
 

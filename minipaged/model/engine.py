@@ -167,14 +167,14 @@ class LLM:
         texts, encoded = encode_prompts(self.tokenizer, prompts, self.model.cfg.max_seq_len)
         params = SamplingParams() if params is None else params
         per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(encoded)
-        params = per_prompt[0] if per_prompt else params
+        params = per_prompt[0] if per_prompt else SamplingParams()   # []: refused by count
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if len(per_prompt) != len(encoded) or any(
                 not isinstance(q, SamplingParams) or replace(q, max_tokens=1) != replace(
                     params, max_tokens=1) for q in per_prompt):
-            raise ValueError("a list of params needs one SamplingParams per prompt, differing "
-                             "from the first in max_tokens only")
+            raise ValueError(f"params has {len(per_prompt)} SamplingParams for {len(encoded)} "
+                             "prompts; expected one per prompt, differing in max_tokens only")
         if params.beam_width > 1 and self.chunked_prefill:
             raise ValueError("beam search needs every beam of a request sampled in the same "
                              "step; run it with chunked_prefill=False")

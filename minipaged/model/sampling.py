@@ -3,20 +3,20 @@
 What it teaches: how the next token is picked from logits, written once and shared by the paged
 engine and the reference generator, so any difference between them can only come from the
 cache. Sampling is made reproducible *per sample and per step*: the random number that picks
-token ``t`` of sample ``i`` comes from a generator seeded with ``(seed, i, t)``. So a sample does
-not depend on which other sequences ran in the same batch, on preemption, or on whether its
-prompt blocks were shared by copy-on-write: the property test for parallel sampling relies on it.
+token ``t`` of sample ``i`` comes from a generator seeded with ``(seed, i, t)``, whatever else ran
+in the batch, was preempted or shared blocks by copy-on-write. The logits it picks from are equal
+to float32 rounding only (a batch packs rows differently; tests/engine_helpers.py's LOGIT_ATOL).
 
 Beam search (vLLM v0 style): each step every live beam proposes candidates, the best
 ``2 * beam_width`` of all candidates by cumulative log-probability are taken in order; candidates
 ending in <eos> become finished hypotheses, the first ``beam_width`` others stay live. It stops
 when ``beam_width`` hypotheses have finished or after ``max_tokens`` steps (vLLM v0's
-early_stopping=True; its default, False, may stop sooner: _check_beam_search_early_stopping in
-vllm/engine/llm_engine.py); hypotheses are ranked by cumulative log-probability divided by the
-number of tokens they generated (vLLM v0's get_beam_search_score, vllm/sequence.py, divides by
-the whole length, prompt included, less a final <eos>). ``beam_step`` below is the one
-implementation (its selection is sharing/sampling.select_beams, lesson 04's too); the engine
-shares the survivors' blocks by fork, the reference copies caches.
+early_stopping=True; its default, False, also waits until no live beam scores above the worst of
+them: _check_beam_search_early_stopping, vllm/engine/output_processor/single_step.py in v0);
+hypotheses rank by cumulative log-probability over the number of tokens they generated (v0's
+get_beam_search_score, vllm/sequence.py, divides by prompt + output length, less a final <eos>).
+``beam_step`` below is the one implementation (its selection is sharing/sampling.select_beams,
+lesson 04's too); the engine shares the survivors' blocks by fork, the reference copies caches.
 
 Read next: reference.py, engine.py.
 """
@@ -197,8 +197,8 @@ class Beam:
 def beam_step(live: list[Beam], logprobs: list[np.ndarray], beam_width: int, eos_id: int
               ) -> tuple[list[Candidate], list[Beam]]:
     """One beam-search step: each live beam proposes its ``2 * beam_width`` likeliest tokens
-    (as vLLM v0 does), and ``select_beams`` (sharing/sampling.py, the rule of lesson 04's
-    BeamSearch too) picks among them.
+    (vLLM v0 took the top 2 * beam_width over all beams at once: they are among these), and
+    ``select_beams`` (sharing/sampling.py, lesson 04's BeamSearch's rule too) picks among them.
 
     live: the live beams; logprobs[i] [V] is beam i's next-token log-probabilities.
     Returns (survivors, finished): survivors are Candidates (parent index, token, cumulative

@@ -84,11 +84,11 @@ def prompt_ids(tokenizer, prompt, i: int, max_seq_len: int) -> list[int]:
                         f"got {prompt!r:.60}")
     else:
         ids = list(prompt)
-    if not all(0 <= t < tokenizer.vocab_size for t in ids):
-        raise ValueError(f"prompts[{i}] holds a token id outside [0, {tokenizer.vocab_size})")
+    if (bad := next((t for t in ids if not 0 <= t < tokenizer.vocab_size), None)) is not None:
+        raise ValueError(f"prompts[{i}] holds token id {bad}, outside [0, {tokenizer.vocab_size})")
     if len(ids) >= max_seq_len:
-        raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); the "
-                         f"model's max_seq_len is {max_seq_len}")
+        raise ValueError(f"prompts[{i}] has {len(ids)} tokens (with any special tokens); expected "
+                         f"at most {max_seq_len - 1}, one less than max_seq_len={max_seq_len}")
     return ids
 
 
