@@ -190,5 +190,5 @@ def test_generate_cli_with_a_model_directory(models, capsys):
     assert main(["generate", "--model", str(d), "--chat", "hi", "--max-tokens", "4"]) == 0
     assert "1 GiB / that" in capsys.readouterr().err   # the default budget, as --help says
     assert main(["generate", "--chat", "hi"]) == 2
-    assert "need --model" in capsys.readouterr().err
+    assert "--chat needs --model DIR" in capsys.readouterr().err
     assert main(["generate", "--model", str(d / "nowhere"), "hi"]) == 2
