@@ -45,9 +45,8 @@ class SamplingParams:
     stop         strings that end a completion (not included in its text)
     ignore_eos   go on past end-of-sequence tokens (fixed output lengths, as vLLM's switch)
 
-    What the decoding would not read is refused: top_k and seed under greedy decoding (and
-    n > 1, whose samples would be identical); under beam search those, a temperature, stop and
-    ignore_eos.
+    Refused: what the decoding would not read or would repeat (top_k, seed and n > 1 under
+    greedy decoding; under beam search top_k, seed, a temperature, stop and ignore_eos).
     """
 
     max_tokens: int = 16
