@@ -95,9 +95,10 @@ for o in ref:
 # has 19 tokens with <bos>: four full blocks and a fifth holding 3. After the prefill the engine
 # samples three first tokens from the same logits and the scheduler *forks* the sequence twice:
 # the children share every prompt block (reference count 3). The prompt's last block is only
-# partly filled, so the first write of each of the first two children copies it (vLLM section
-# 4.4); the last writer owns the original. The samples equal the reference generator's, which
-# runs each sample with a private copy of everything.
+# partly filled, so at the first decode the first two writers, sample 0 (the forked sequence)
+# and the first child, each copy it (vLLM section 4.4); the last writer, the second child, owns
+# the original. The samples equal the reference generator's, which runs each sample with a
+# private copy of everything.
 
 # %%
 share = LLM(model, num_blocks=64, block_size=BS)

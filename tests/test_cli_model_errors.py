@@ -65,7 +65,7 @@ CASES: list[tuple[str, str]] = [
                                       "a temperature above 0 with them"),
     ("generate x --seed 0", "--seed=0 would not be used"),
     ("generate x --n 3", "--n=3 samples under --temperature=0 (greedy, the default) would be "
-                         "identical; expected a --temperature above 0"),
+                         "identical; expected a temperature above 0"),
     ("generate x --n 3 --reference", "--n=3 samples under --temperature=0"),
     ("generate x --beam-width 2 --top-k 5", "--beam-width=2 runs beam search, which keeps the "
                                             "likeliest beams and draws nothing at random: "

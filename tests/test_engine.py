@@ -152,6 +152,24 @@ def test_beam_search_equals_reference_beam_search(model, num_blocks, preemption,
     check_pool_full(llm)
 
 
+def test_forked_samples_copy_the_shared_last_block_in_write_order(model):
+    """Lesson 09's fork (its settings): the prompt's partly filled last block, shared by the
+    three samples, is copied for the first two writers (sample 0 and the first child); the last
+    writer, the second child, keeps the original. The lesson had said the first two children."""
+    from minipaged.model.engine import LLM
+    from minipaged.model.sampling import SamplingParams
+
+    llm, tables = LLM(model, num_blocks=64, block_size=4), []
+    llm.on_step = lambda st: tables.append(st.block_tables)
+    out = llm.generate(["count down from 7:"], SamplingParams(max_tokens=30, temperature=2.5,
+                                                              top_k=5, n=3, seed=3))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    after_prefill, after_decode = (list(t.values()) for t in tables[:2])
+    shared = after_prefill[0][-1]
+    assert [t[-1] for t in after_prefill] == [shared] * 3
+    assert [t[-1] == shared for t in after_decode] == [False, False, True]   # sample order
+
+
 def test_engine_scores_what_training_reported(model):
     from minipaged.model import corpus
     from minipaged.model.checkpoint import read_report

@@ -90,6 +90,8 @@ def test_held_out_starts_are_never_trained_on():
      "likeliest token at every step, and draws nothing at random: top_k=5, seed=3 would not be "
      "used; expected a temperature above 0 with them"),
     (dict(temperature=0.0, seed=0), ValueError, "seed=0 would not be used"),
+    (dict(n=3), ValueError, "n=3 samples under temperature=0 (greedy, the default) would be "
+     "identical; expected a temperature above 0"),
     # stop: a string or a sequence of strings, never read character by character or by key
     (dict(stop=123), TypeError, "stop=123 must be a string or a sequence of strings, got int"),
     (dict(stop=b"ab"), TypeError, "stop=b'ab' must be a string or a sequence of strings, got "

@@ -45,8 +45,8 @@ class SamplingParams:
     stop         strings that end a completion (not included in its text)
     ignore_eos   go on past end-of-sequence tokens (fixed output lengths, as vLLM's switch)
 
-    What the decoding would not read is refused: top_k and seed under greedy decoding; under
-    beam search those, a temperature, stop and ignore_eos.
+    Refused: what the decoding would not read or would repeat (top_k, seed and n > 1 under
+    greedy decoding; under beam search top_k, seed, a temperature, stop and ignore_eos).
     """
 
     max_tokens: int = 16
@@ -80,6 +80,9 @@ class SamplingParams:
                            {"stop": (self.stop, ()), "ignore_eos": (ignore_eos, False)},
                            "beam_width without them")
         elif t == 0:
+            if self.n > 1:  # as vLLM 0.32: _verify_greedy_sampling, vllm/sampling_params.py
+                raise ValueError(f"n={self.n} samples under temperature=0 (greedy, the "
+                                 "default) would be identical; expected a temperature above 0")
             _refuse_unused("temperature=0 (the default) decodes greedily, the likeliest token "
                            "at every step, and draws nothing at random",
                            {k: drawn[k] for k in ("top_k", "seed")},

@@ -35,9 +35,6 @@ def check_flags(args) -> SamplingParams:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, n=args.n, beam_width=args.beam_width,
                                 seed=0 if draws and args.seed is None else args.seed)
-    if args.temperature == 0 and args.n > 1:
-        raise ValueError(f"--n={args.n} samples under --temperature=0 (greedy, the default) "
-                         "would be identical; expected a --temperature above 0")
     width = f"--n={args.n}" if args.n > 1 else f"--beam-width={args.beam_width}"
     refuse_if_too_big(f"{len(args.prompts)} PROMPT(s) x {width} sequences",
                       len(args.prompts) * max(args.n, args.beam_width) * BYTES_PER_SAMPLE)
