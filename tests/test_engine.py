@@ -211,7 +211,10 @@ def test_generate_cli_prints_one_line_per_prompt_same_as_reference(capsys):
     assert paged == ref and len(paged) == len(prompts)
     assert paged[1].startswith("Hi\\nthere => ")
     assert main(["generate", "count down from 3:", "--n", "2", "--temperature", "0.5"]) == 0
-    assert " || " in capsys.readouterr().out
+    run = capsys.readouterr()
+    assert " || " in run.out
+    # the pool's note names the flags that size it, not the API's num_blocks and kv_cache_gb
+    assert "--num-blocks or --kv-cache-gb sets it" in " ".join(run.err.split())
     assert main(["generate", "é"]) == 2
     assert "is not a printable ASCII character" in capsys.readouterr().err
 

@@ -66,6 +66,7 @@ def _check(console, args) -> bool:
 
 def run(args) -> int:
     # here, not at the top: the CUDA package loads when the command runs
+    from minipaged.cuda.checks import SMEM_LIMIT_SM90, dynamic_smem, static_smem
     from minipaged.cuda.gpu_check import copy_bandwidth, gpu_missing
     from minipaged.cuda.kernels import VERSIONS
 
@@ -94,7 +95,9 @@ def run(args) -> int:
         from minipaged.cuda.gpu_check import device_time as timer  # CUDA events: device time
 
         console.print(f"device: {cupy_runner.device_info()}")
+        smem_limit = cupy_runner.smem_limit()
     else:
+        smem_limit = SMEM_LIMIT_SM90
         def timer(fn, repeats: int) -> float:
             return median_time(fn, repeats=repeats)
     xp = cupy if gpu else np
@@ -110,6 +113,7 @@ def run(args) -> int:
                                           "kernel / baseline"))
     rng = np.random.default_rng(args.seed)
     scale = 1.0 / math.sqrt(D)
+    too_long = []  # "vN at CTX": a single pass whose logits would not fit
     for ctx in contexts:
         data = decode_case(rng, s, H, Hkv, D, BS, ctx, args.dtype, xp=xp)
         if gpu:
@@ -117,6 +121,10 @@ def run(args) -> int:
         else:
             base_t, base_out = timer(lambda: oracle(*data), repeats), None  # noqa: B023
         for version in [v for v in VERSIONS if v != 0]:  # v0 (naive) is far too slow here
+            if static_smem(version, D) + dynamic_smem(version, ctx, BS, D, H // Hkv) > smem_limit:
+                t.add_row(str(ctx), f"v{version}", *["-"] * 6)
+                too_long.append(f"v{version} at {ctx}")
+                continue
             sec, overhead, out = _time_version(data, args.backend, version, repeats, timer)
             if base_out is not None:  # the baseline doubles as a check at full size
                 err = float(xp.abs(out.astype(xp.float32) - base_out).max())
@@ -129,6 +137,10 @@ def run(args) -> int:
                       f"{base_t * 1e3:.3f}" if base_t else "n/a",
                       f"{sec / base_t:.2f}x" if base_t else "n/a")
     console.print(t)
+    if too_long:
+        console.print(f"-: not run ({', '.join(too_long)}): a single-pass version (v1, v3) keeps "
+                      "every logit of the context in shared memory, more than the "
+                      f"{smem_limit:,} bytes a thread block may use; v2 and v4 partition it")
     console.print("kernel: the prepared launch alone; overhead: what the wrapper paged_attention() "
                   "adds before each launch (checks, host copies of seq_lens and block_tables, "
                   "allocation), timed alone on the host")

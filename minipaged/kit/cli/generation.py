@@ -27,7 +27,7 @@ from minipaged.kit.cli.args import (
     path,
     unset,
 )
-from minipaged.kit.cli.common import describe, flag_words, need_torch, reading
+from minipaged.kit.cli.common import describe, flag_words, in_flag_words, need_torch, reading
 from minipaged.kit.cli.generation_checks import (
     check_beams_in_one_step,
     check_flags,
@@ -233,7 +233,7 @@ def generate(args) -> int:
             outs = llm.generate(prompts, params)
         except PoolTooSmallError as e:      # refused before any step
             raise ValueError(too_small(args, e, llm.num_blocks, kv_cache_gb)) from None
-        err.print(f"[dim]{llm.pool_note}[/dim]")
+        err.print(f"[dim]{in_flag_words(llm.pool_note, POOL_FLAGS)}[/dim]")  # API words
         summary = (f"paged engine: {llm.num_steps} steps, {llm.num_preemptions} preemptions, "
                    f"{llm.runner.num_blocks_copied} blocks copied on write, "
                    f"{llm.runner.num_blocks_swapped} swapped; pool back to "
