@@ -221,8 +221,10 @@ def test_package_does_not_grow():
     # 18,632 for command-line messages that name only flags the user typed, a bench simulate
     # title without blocks for Orca, train's report path checked before training, and check's
     # missing exercise said on stderr; 18,644 when bench kernel left out, with a note, a
-    # single-pass version whose logits do not fit in shared memory (it stopped the run).
+    # single-pass version whose logits do not fit in shared memory (it stopped the run);
+    # 18,660 for the old minipaged.paged_attention path made callable (importing it put the
+    # module where the top-level function was).
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18644, f"the package is {total} lines (> 18,644)"
+    assert total <= 18660, f"the package is {total} lines (> 18,660)"
