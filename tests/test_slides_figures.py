@@ -68,8 +68,11 @@ def test_build_removes_figures_no_spec_makes(tmp_path):
     out.mkdir()
     (out / "old_capture.svg").write_text("<svg/>")
     (out / "old_capture.txt").write_text("old")
+    (out / "manifest.json").write_text('{"old_capture": {}}')    # an earlier build made it
+    (out / "notes.txt").write_text("mine")      # a file no build made is the user's: it stays
     made = figures.build(out)
     assert not (out / "old_capture.svg").exists() and not (out / "old_capture.txt").exists()
+    assert (out / "notes.txt").read_text() == "mine"
     assert set(made) == {f.name for f in figures.figure_specs()}
 
 

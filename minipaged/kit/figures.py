@@ -165,9 +165,14 @@ def render_all() -> dict[str, Drawing]:
 
 
 def build(out_dir: Path) -> dict[str, str]:
-    """Write every figure's .svg and .txt and the manifest (removing figures no spec makes);
+    """Write every figure's .svg and .txt and the manifest, removing the figures an earlier
+    build's manifest lists that no spec makes now (other files in the folder are the user's);
     returns {name: sha of its svg}."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        before = {}
     manifest = {}
     specs = figure_specs()
     for fig in specs:
@@ -177,9 +182,9 @@ def build(out_dir: Path) -> dict[str, str]:
         manifest[fig.name] = {"svg_sha256": sha(d.svg), "txt_sha256": sha(d.text),
                               "source": fig.source}
     names = {f.name for f in specs}
-    for old in list(out_dir.glob("*.svg")) + list(out_dir.glob("*.txt")):
-        if old.stem not in names:
-            old.unlink()
+    for old in set(before if isinstance(before, dict) else ()) - names:
+        for ext in ("svg", "txt"):
+            (out_dir / f"{old}.{ext}").unlink(missing_ok=True)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return {k: v["svg_sha256"] for k, v in manifest.items()}
 
