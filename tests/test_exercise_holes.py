@@ -66,6 +66,15 @@ HOLES = [
     ("05_reshape_and_cache", "keep = slots >= 0", "keep = slots != -1", "a negative slot is"),
     ("05_reshape_and_cache", "    if value_cache.shape != key_cache.shape:", "    if False:",
      "value_cache head size 3"),
+    # scaling the caller's query in place: the output is right, the query is not
+    ("06_paged_gather", "    out = np.empty_like(query)\n",
+     "    query *= scale\n    scale = 1.0\n    out = np.empty_like(query)\n",
+     "changed its argument query"),
+    ("07_online_softmax", "    out = np.empty_like(query)\n",
+     "    query *= scale\n    scale = 1.0\n    out = np.empty_like(query)\n",
+     "changed its argument query"),
+    ("06_paged_gather", "1.0 / np.sqrt(d) if scale is None else scale",
+     "scale or 1.0 / np.sqrt(d)", "scale=0.0 is a scale too"),
 ]
 
 
