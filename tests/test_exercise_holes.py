@@ -75,6 +75,22 @@ HOLES = [
      "changed its argument query"),
     ("06_paged_gather", "1.0 / np.sqrt(d) if scale is None else scale",
      "scale or 1.0 / np.sqrt(d)", "scale=0.0 is a scale too"),
+    # copy-on-write lowering the shared block's count before taking the fresh one
+    ("08_copy_on_write", "            new = self._new_block()\n            self.copies.append(",
+     "            self.ref_counts[old] -= 1\n            new = self._new_block()\n"
+     "            self.ref_counts[old] += 1\n            self.copies.append(",
+     "a copy-on-write with no free block"),
+    # a double free noticed only when a table's first block is free
+    ("10_prefix_cache", "        for b in block_table:\n            if self.ref_counts[b] == 0:",
+     "        for b in block_table[:1]:\n            if self.ref_counts[b] == 0:",
+     "a double free"),
+    ("12_flashinfer_csr", "if lens.size and lens.min() < 1:", "if (lens == 0).any():",
+     "seq_len -3"),
+    ("12_flashinfer_csr", "if last.shape != pages.shape or (last < 1)", "if (last < 1)",
+     "one kv_last_page_len for two sequences"),
+    ("13_two_level_table", "if leaf_size < 1:", "if leaf_size == 0:", "leaf_size=-2"),
+    ("14_chunked_prefill", "if not 0 <= num_computed < prompt_len:",
+     "if num_computed < 0 or num_computed == prompt_len:", "num_computed > prompt_len"),
 ]
 
 
