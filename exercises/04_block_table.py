@@ -54,6 +54,6 @@ def padded_block_tables(tables: list[list[int]], pad: int = -1) -> np.ndarray:
     """Stack ragged tables into one int32 array [S, MB] with MB = the longest table (at least
     1), filling the rest with ``pad``.
 
-    Invariant: row s starts with tables[s] exactly.
+    Invariants: row s starts with tables[s] exactly; ``tables`` is left as it was.
     """
     raise NotImplementedError

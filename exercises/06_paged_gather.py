@@ -47,7 +47,8 @@ def paged_attention_gather(query: np.ndarray, key_cache: np.ndarray, value_cache
 
     Task: for each sequence s, gather its K/V, then softmax(q . k * scale) @ v per head.
     Invariants: equal (to rounding) to dense attention over the gathered K/V, large logits
-    too (the grader tries scale=1000); NaN in unused entries never reaches the output.
+    too (the grader tries scale=1000); NaN in unused entries never reaches the output;
+    every argument is left as it was (scale it into a new array, not the caller's query).
     Errors: ValueError when H is not a multiple of Hkv or D differs between query and cache.
     Hint: for GQA, np.repeat(k, H // Hkv, axis=1) turns [Tk, Hkv, D] into [Tk, H, D]; use
     np.einsum("hd,thd->ht", q_s, k) for the logits; subtract the row max before np.exp.

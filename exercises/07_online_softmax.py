@@ -56,7 +56,10 @@ def paged_attention_online(query: np.ndarray, key_cache: np.ndarray, value_cache
     Invariants: within rounding of exercise 06's result, large logits too (the grader tries
     scale=1000); never read a slot past seq_len (the grader puts NaN there) nor a table entry
     past the sequence's blocks (junk ids there), and never gather the whole sequence at once
-    (the grader's caches refuse an index that reads more than one block).
+    (the grader's caches refuse an index that reads more than one block); leave every
+    argument as it was.
+    Errors: ValueError, as in exercise 06, when H is not a multiple of Hkv or D differs
+    between query and cache.
     Hint: for one block, logits [H, n] = einsum("hd,nhd->hn", q_s, k_block) * scale with
     k_block = key_cache[b, :, :n, :] transposed to [n, Hkv, D] and repeated to H heads;
     m = logits.max(1); p = exp(logits - m[:, None]); l = p.sum(1); o = p @ v / l.

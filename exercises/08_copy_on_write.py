@@ -75,6 +75,8 @@ class CowBlockManager:
 
         A new block when the last one is full; copy-on-write when the last one is shared;
         otherwise the next offset of the last block.
+        Errors: RuntimeError (from _new_block) when a block is needed and none is free; then
+        nothing changes.
         Hint: the new token's position is seq_lens[seq_id]; its offset is position % block_size.
         """
         raise NotImplementedError

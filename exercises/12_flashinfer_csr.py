@@ -41,6 +41,7 @@ def csr_to_block_table(kv_indptr: np.ndarray, kv_indices: np.ndarray,
     largest page count (at least 1) and ``pad`` after each row's pages.
 
     Errors: ValueError when kv_indptr is not non-decreasing from 0 to len(kv_indices), when a
-    sequence has no page, or a last_page_len is outside 1 .. block_size.
+    sequence has no page, or kv_last_page_len does not hold one entry per sequence, each in
+    1 .. block_size.
     """
     raise NotImplementedError

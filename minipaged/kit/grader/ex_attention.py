@@ -128,10 +128,16 @@ def _check(fn, q, kc, vc, tables, lens, ks, vs, message, scale=None,
     want = np.stack([dense_attention(q64[s:s + 1], ks[s].astype(np.float64),
                                      vs[s].astype(np.float64), scale=scale, causal=True)[0]
                      for s in range(len(lens))])
+    args = (q, kc, vc, tables, lens)
+    before = [a.copy() for a in args]
     if one_block:
         kc, vc = OneBlockAtATime.of(kc, "key_cache"), OneBlockAtATime.of(vc, "value_cache")
     got = fn(q, kc, vc, tables, lens, **({} if scale is None else {"scale": scale}))
     inputs = dict(S_H_D=q.shape, NB_Hkv_BS_D=kc.shape, block_tables=tables, seq_lens=lens)
+    for name, now, was in zip(("query", "key_cache", "value_cache", "block_tables", "seq_lens"),
+                              args, before):
+        equal(now, was, f"{fn.__name__} changed its argument {name}", inputs,
+              hint="the caller's arrays are the model's live state: compute on new arrays")
     nan = np.asarray(got).dtype.kind == "f" and np.isnan(got).any()
     equal(got, want, message, inputs, tol=1e-9 if q.dtype == np.float64 else 2e-5,
           hint="NaN in the output: an unused slot or a padding entry was read, or exp "
@@ -170,6 +176,9 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str, one_block: bool = Fa
         for _ in range(10):
             _check(getattr(m, fn_name), *make_batch(rng, np.float32), "float32 batch, scale=0.3",
                    scale=0.3, one_block=one_block)
+        _check(getattr(m, fn_name), *make_batch(rng), "scale=0.0 is a scale too (every token "
+               "weighs the same): test `scale is None`, not `not scale`", scale=0.0,
+               one_block=one_block)
 
     @ex.case("large logits (scale=1000) do not overflow",
              hint="exp of a logit near 1000 is inf: subtract the largest logit before np.exp")
@@ -179,14 +188,17 @@ def _attention_cases(ex: Exercise, fn_name: str, hint: str, one_block: bool = Fa
             _check(getattr(m, fn_name), *make_batch(rng), "scale=1000", scale=1000.0,
                    one_block=one_block)
 
-    @ex.case("H not a multiple of Hkv is rejected",
-             hint="grouped-query attention needs H % Hkv == 0; check it up front")
+    @ex.case("H not a multiple of Hkv, or D of query and cache differing, is rejected",
+             hint="grouped-query attention needs H % Hkv == 0, and q . k needs one head size: "
+                  "check both up front (NumPy broadcasts a head size of 1 without a word)")
     def _bad_heads(m):
-        q, kc = np.zeros((1, 3, 4)), np.zeros((1, 2, 4, 4))
-        rejects(lambda: getattr(m, fn_name)(q, kc, kc, np.array([[0]], np.int32),
-                                            np.array([2], np.int32)),
-                ValueError, "H=3 query heads over Hkv=2 KV heads must be rejected",
-                dict(H=3, Hkv=2))
+        kc = np.zeros((1, 2, 4, 4))
+        for q, what in ((np.zeros((1, 3, 4)), "H=3 query heads over Hkv=2 KV heads"),
+                        (np.zeros((1, 2, 1)), "query head size D=1 over a cache with D=4")):
+            rejects(lambda q=q: getattr(m, fn_name)(q, kc, kc, np.array([[0]], np.int32),
+                                                    np.array([2], np.int32)),
+                    ValueError, f"{what} must be rejected", dict(query_shape=q.shape,
+                                                                 cache_shape=kc.shape))
 
 
 EX_06 = Exercise("06_paged_gather", "paged attention by gathering through the block table",

@@ -83,8 +83,9 @@ def _bad(m):
             f"allocate -> {b}, free({b}), free({b})", state=lambda: _state(a, 4))
     rejects(lambda: a.incref(b), ValueError, "incref of a free block must raise ValueError",
             f"incref({b}) while {b} is free", state=lambda: _state(a, 4))
-    rejects(lambda: m.BlockAllocator(0), ValueError, "num_blocks=0 must be rejected",
-            "BlockAllocator(0)")
+    for nb in (0, -1):
+        rejects(lambda nb=nb: m.BlockAllocator(nb), ValueError,
+                f"num_blocks={nb} must be rejected", f"BlockAllocator({nb})")
 
 
 @EX_03.case("random operations keep every invariant",
@@ -134,8 +135,9 @@ def _ref_slot_mapping(table, bs, start, end):
 def _needed(m):
     agree(m.blocks_needed, cdiv, [(n, bs) for n in (0, 1, 15, 16, 17, 31, 32, 33, 1000, 2048)
                                   for bs in (1, 16, 32)], "wrong number of blocks")
-    rejects(lambda: m.blocks_needed(5, 0), ValueError, "block_size=0 must be rejected",
-            dict(num_tokens=5, block_size=0))
+    for bs in (0, -4):
+        rejects(lambda bs=bs: m.blocks_needed(5, bs), ValueError,
+                f"block_size={bs} must be rejected", dict(num_tokens=5, block_size=bs))
     rejects(lambda: m.blocks_needed(-1, 16), ValueError, "num_tokens=-1 must be rejected",
             dict(num_tokens=-1, block_size=16), hint="no sequence holds fewer than 0 tokens")
 
@@ -169,8 +171,9 @@ def _mapping(m):
     expect(isinstance(got, np.ndarray), "slot_mapping must return a NumPy array",
            inputs=dict(zip(SLOT_ARGS, cases[0])), expected="numpy.ndarray",
            got=type(got).__name__, hint="the kernels take one array of slots, not a list")
-    equal(str(np.asarray(m.slot_mapping(*cases[0])).dtype), "int64", "slot_mapping must be "
-          "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, cases[0])))
+    for args in (cases[0], ([0, 1], 4, 3, 3)):  # an empty range too: np.array([]) is float
+        equal(str(np.asarray(m.slot_mapping(*args)).dtype), "int64", "slot_mapping must be "
+              "int64 (slots exceed 2**31 in big pools)", dict(zip(SLOT_ARGS, args)))
     for start, end, what in ((3, 9, "end beyond the table"), (-1, 2, "a negative start"),
                              (5, 3, "start after end")):
         rejects(lambda start=start, end=end: m.slot_mapping([0, 1], 4, start, end), ValueError,
@@ -186,7 +189,9 @@ def _padded(m):
     tables = [[5, 2, 9], [1], [], [4, 8]]
     got = np.asarray(m.padded_block_tables(tables))
     equal(got, np.array([[5, 2, 9], [1, -1, -1], [-1, -1, -1], [4, 8, -1]], np.int32),
-          "wrong padded table", dict(tables=tables))
+          "wrong padded table", dict(tables=[[5, 2, 9], [1], [], [4, 8]]))
+    equal(tables, [[5, 2, 9], [1], [], [4, 8]], "padded_block_tables must leave its tables "
+          "as they were", hint="the tables belong to the caller: pad a new array, not them")
     equal(str(got.dtype), "int32", "block tables are int32 here, as in vLLM's kernels "
           "(csrc/attention/attention_kernels.cuh)", dict(tables=tables))
     equal(np.asarray(m.padded_block_tables([[3]], pad=0)), np.array([[3]]),
@@ -211,6 +216,7 @@ def _scatter(m):
         t = int(rng.integers(1, min(nb * bs, 40) + 1))
         slots = rng.permutation(nb * bs)[:t].astype(np.int64)
         slots[rng.random(t) < 0.2] = -1
+        slots[rng.random(t) < 0.1] = -3  # any negative slot is padding, not only -1
         key, value = (rng.standard_normal((t, hkv, d)).astype(np.float32) for _ in range(2))
         kc, vc = (rng.standard_normal((nb, hkv, bs, d)).astype(np.float32) for _ in range(2))
         kc_ref, vc_ref = kc.copy(), vc.copy()
@@ -233,6 +239,11 @@ def _bad_scatter(m):
     rejects(lambda: m.reshape_and_cache(k, k, kc, vc, np.array([0, 8])), (ValueError, IndexError),
             "slot 8 with NB*BS = 8 must be rejected, before slot 0 is written",
             dict(slot_mapping=[0, 8], cache_shape=kc.shape), state=caches)
+    vc3 = np.zeros((2, 1, 4, 3), np.float32)  # value_cache's D differs from key_cache's
+    rejects(lambda: m.reshape_and_cache(k, k, kc, vc3, np.array([0, 1])), ValueError,
+            "value_cache head size 3 vs key_cache head size 2 must be rejected",
+            dict(key_shape=k.shape, cache_shape=kc.shape, value_cache_shape=vc3.shape),
+            state=caches)
     k3 = np.ones((1, 1, 3), np.float32)
     rejects(lambda: m.reshape_and_cache(k3, k3, kc, vc, np.array([0])), ValueError,
             "head size 3 vs cache head size 2 must be rejected",

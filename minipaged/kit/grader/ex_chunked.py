@@ -217,6 +217,7 @@ def _errors(m):
     cases = (
         (["A"], [("L", 5, 5)], 8, "num_computed == prompt_len: that prompt is done"),
         (["A"], [("L", -1, 5)], 8, "num_computed < 0"),
+        (["A"], [("L", 7, 5)], 8, "num_computed > prompt_len"),
         (["A"], [("A", 0, 5)], 8, "A both decodes and prefills"),
         (["A", "A"], [], 8, "A decodes twice"),
         ([], [("L", 0, 4), ("L", 1, 4)], 8, "L prefills twice"),

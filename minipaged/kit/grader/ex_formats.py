@@ -69,6 +69,8 @@ def _csr_bad(m):
     for call, what, inputs in (
             (lambda: m.block_table_to_csr(i32([0]), i32(0), 4),
              "seq_len 0 has no last page (FlashInfer needs 1..page_size)", dict(seq_lens=[0])),
+            (lambda: m.block_table_to_csr(i32([0]), i32(-3), 4),
+             "seq_len -3 must be rejected (a seq_len < 1, not only 0)", dict(seq_lens=[-3])),
             (lambda: m.block_table_to_csr(i32([0]), i32(9), 4),
              "9 tokens need 3 pages but the row holds 1",
              dict(block_tables=[[0]], seq_lens=[9], block_size=4)),
@@ -86,7 +88,13 @@ def _csr_bad(m):
              dict(kv_indptr=[1, 2], kv_indices=[3, 4])),
             (lambda: m.csr_to_block_table(i32(0, 0, 2), i32(3, 4), i32(1, 1), 4),
              "sequence 0 owns no page (kv_indptr[0] == kv_indptr[1]) and must be rejected",
-             dict(kv_indptr=[0, 0, 2], kv_indices=[3, 4], kv_last_page_len=[1, 1]))):
+             dict(kv_indptr=[0, 0, 2], kv_indices=[3, 4], kv_last_page_len=[1, 1])),
+            (lambda: m.csr_to_block_table(i32(0, 3, 2), i32(3, 4), i32(1, 1), 4),
+             "kv_indptr [0, 3, 2] falls and must be rejected (sequence 1 would own -1 pages)",
+             dict(kv_indptr=[0, 3, 2], kv_indices=[3, 4], kv_last_page_len=[1, 1])),
+            (lambda: m.csr_to_block_table(i32(0, 1, 2), i32(3, 4), i32(1), 4),
+             "one kv_last_page_len for two sequences must be rejected (NumPy would broadcast "
+             "it)", dict(kv_indptr=[0, 1, 2], kv_indices=[3, 4], kv_last_page_len=[1]))):
         rejects(call, ValueError, what, inputs)
 
 
@@ -129,9 +137,12 @@ def _two_level_bad(m):
             "3 blocks in a table of max_blocks=2 must be rejected",
             dict(block_table_row=[1, 2, 3], max_blocks=2, leaf_size=4),
             hint="the directory is sized for max_blocks: a longer row does not fit in it")
-    rejects(lambda: m.to_two_level([1], 4, 0), ValueError, "leaf_size=0 must be rejected",
-            dict(block_table_row=[1], max_blocks=4, leaf_size=0),
-            hint="a leaf of 0 entries holds nothing: check leaf_size before dividing by it")
+    for leaf in (0, -2):
+        rejects(lambda leaf=leaf: m.to_two_level([1], 4, leaf), ValueError,
+                f"leaf_size={leaf} must be rejected",
+                dict(block_table_row=[1], max_blocks=4, leaf_size=leaf),
+                hint="a leaf of fewer than 1 entry holds nothing: check leaf_size >= 1 before "
+                     "dividing by it")
     row = [5, 6, 7, 8]  # every leaf full: a wrapped-around index finds a real block
     directory, leaves = m.to_two_level(row, 4, 2)
     for bad in (-1, -3, 4):

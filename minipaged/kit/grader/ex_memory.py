@@ -75,13 +75,18 @@ def _ints(m):
 @EX_01.case("bad arguments raise ValueError",
             hint="sizes and counts below 1 describe no model: reject them with ValueError")
 def _bad_kv(m):
-    for call, what in ((lambda: m.kv_bytes_per_token(0, 8, 128, 2), "num_layers=0"),
-                       (lambda: m.kv_bytes_per_token(32, 0, 128, 2), "num_kv_heads=0"),
-                       (lambda: m.kv_bytes_per_token(32, 8, -128, 2), "head_size=-128"),
-                       (lambda: m.kv_bytes_per_token(32, 8, 128, 0), "bytes_per_element=0"),
+    names = ("num_layers", "num_kv_heads", "head_size", "bytes_per_element")
+    # each argument at 0 and below it: "== 0" is not "< 1"
+    sizes = [(lambda a=a: m.kv_bytes_per_token(*a), f"{names[i]}={bad}")
+             for i in range(4) for bad in (0, -8)
+             for a in [(32, 8, 128, 2)[:i] + (bad,) + (32, 8, 128, 2)[i + 1:]]]
+    for call, what in (*sizes,
                        (lambda: m.num_token_slots(-1, 1000), "kv_cache_bytes=-1"),
                        (lambda: m.num_token_slots(10**9, 0), "bytes_per_token=0"),
+                       (lambda: m.num_token_slots(10**9, -1000), "bytes_per_token=-1000"),
                        (lambda: m.num_blocks(-1, 1000, 16), "kv_cache_bytes=-1 (num_blocks)"),
+                       (lambda: m.num_blocks(10**9, -1000, 16),
+                        "bytes_per_token=-1000 (num_blocks)"),
                        (lambda: m.num_blocks(10**9, 1000, 0), "block_size=0")):
         rejects(call, ValueError, f"{what} must be rejected", what,
                 hint="a budget of 0 bytes holds nothing, but a negative one is a mistake"
@@ -166,8 +171,13 @@ def _paged(m):
             hint="validate the policy name and the lengths before computing anything")
 def _bad_policy(m):
     for call, what in ((lambda: m.reservation_size("buddy", 5, 10, 2048), "policy='buddy'"),
-                       (lambda: m.reservation_size("max", 10, 4096, 2048),
-                        "final_len=4096 > max_seq_len=2048"),
+                       *[(lambda p=p: m.reservation_size(p, 10, 4096, 2048),
+                          f"final_len=4096 > max_seq_len=2048 (policy {p!r})")
+                         for p in ("max", "pow2", "oracle")],
+                       (lambda: m.contiguous_breakdown("buddy", 5, 5, 10, 2048),
+                        "contiguous_breakdown's policy='buddy'"),
+                       (lambda: m.contiguous_breakdown("oracle", 5, 5, 4096, 2048),
+                        "contiguous_breakdown's final_len=4096 > max_seq_len=2048"),
                        (lambda: m.reservation_size("pow2", 20, 10, 2048),
                         "prompt_len=20 > final_len=10"),
                        (lambda: m.reservation_size("oracle", 0, 10, 2048), "prompt_len=0"),

@@ -98,6 +98,11 @@ def _cow_bad(m):
     rejects(lambda: mgr.allocate(2, 13), RuntimeError, "13 tokens need 4 blocks, 2 are free",
             "allocate(2, 13) with 2 free blocks", state=state,
             hint="count the blocks needed and compare with the free ones before taking any")
+    mgr.allocate(2, 8)    # the pool is full; seq 1's last block (1 of 4 tokens) is shared
+    rejects(lambda: mgr.append_slot(1), RuntimeError, "a copy-on-write with no free block",
+            "allocate(0, 5); fork(0, 1); allocate(2, 8); append_slot(1)",
+            state=lambda: _cow_state(mgr, 4, [0, 1, 2]),
+            hint="take the fresh block before lowering the shared block's count")
 
 
 @EX_08.case("random fork / append / free programs with K/V written and read back",
