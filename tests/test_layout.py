@@ -225,8 +225,10 @@ def test_package_does_not_grow():
     # 18,660 for the old minipaged.paged_attention path made callable (importing it put the
     # module where the top-level function was); 18,665 when present --build-figures removed only
     # the figures its last manifest lists (it deleted every .svg and .txt of --figures-dir);
-    # 18,715: 50 for grader cases that catch 19 more wrong solutions which passed every case.
+    # 18,715: 50 for grader cases that catch 19 more wrong solutions which passed every case;
+    # 18,721 for cuda.checks.fits_smem, the shared-memory rule that choose_version and bench
+    # kernel had each written out.
     sources = [p for p in (*PKG.rglob("*.py"), *PKG.rglob("*.cu"), *PKG.rglob("*.cuh"))
                if p.relative_to(PKG).parts[:2] != ("cuda", "emu")]
     total = sum(len(p.read_text().splitlines()) for p in sources)
-    assert total <= 18715, f"the package is {total} lines (> 18,715)"
+    assert total <= 18721, f"the package is {total} lines (> 18,721)"

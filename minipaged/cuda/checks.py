@@ -130,6 +130,13 @@ def dynamic_smem(version: int, max_len: int, block_size: int, head_size: int,
     return min(group, GROUPS[version]) * max(tokens, NUM_THREADS // 32 * head_size) * 4
 
 
+def fits_smem(version: int, max_len: int, block_size: int, head_size: int, group: int,
+              smem_limit: int) -> bool:
+    """A version's static and dynamic shared memory together fit within ``smem_limit``."""
+    return (static_smem(version, head_size)
+            + dynamic_smem(version, max_len, block_size, head_size, group)) <= smem_limit
+
+
 def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: int,
                    block_size: int, head_size: int, smem_limit: int = SMEM_LIMIT_SM90) -> int:
     """The grouped versions (3, 4) whenever H > Hkv, else 1 or 2; then vLLM's rule (above),
@@ -143,8 +150,7 @@ def choose_version(num_seqs: int, num_heads: int, num_kv_heads: int, max_len: in
     blocks = num_seqs * (num_kv_heads * cdiv(group, kernels.GQA_GROUP) if grouped else num_heads)
     use_single = max_len <= SINGLE_PASS_MAX_LEN and (
         cdiv(max_len, PARTITION_SIZE) == 1 or blocks > SINGLE_PASS_MIN_BLOCKS)
-    if use_single and (static_smem(single, head_size)
-                       + dynamic_smem(single, max_len, block_size, head_size, group)) > smem_limit:
+    if use_single and not fits_smem(single, max_len, block_size, head_size, group, smem_limit):
         use_single = False
     return single if use_single else partitioned
 

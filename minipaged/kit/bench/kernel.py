@@ -66,7 +66,7 @@ def _check(console, args) -> bool:
 
 def run(args) -> int:
     # here, not at the top: the CUDA package loads when the command runs
-    from minipaged.cuda.checks import SMEM_LIMIT_SM90, dynamic_smem, static_smem
+    from minipaged.cuda.checks import SMEM_LIMIT_SM90, fits_smem
     from minipaged.cuda.gpu_check import copy_bandwidth, gpu_missing
     from minipaged.cuda.kernels import VERSIONS
 
@@ -121,7 +121,7 @@ def run(args) -> int:
         else:
             base_t, base_out = timer(lambda: oracle(*data), repeats), None  # noqa: B023
         for version in [v for v in VERSIONS if v != 0]:  # v0 (naive) is far too slow here
-            if static_smem(version, D) + dynamic_smem(version, ctx, BS, D, H // Hkv) > smem_limit:
+            if not fits_smem(version, ctx, BS, D, H // Hkv, smem_limit):
                 t.add_row(str(ctx), f"v{version}", *["-"] * 6)
                 too_long.append(f"v{version} at {ctx}")
                 continue
